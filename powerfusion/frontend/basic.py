@@ -1,0 +1,190 @@
+"""The frontend's output: a graph of *basic ops* with static shapes.
+
+Every supported ONNX op is decomposed into these kinds (DESIGN.md):
+elementwise, broadcast, reduce, moves (transpose, reshape, concat, slice, pad,
+gather, window) and library ops (matmul, conv). Broadcasting is always explicit:
+an Elementwise node's inputs all have its output's shape (a Broadcast node is
+inserted where ONNX broadcasts implicitly). Each op's arguments live in a small
+frozen dataclass; adding a kind touches this file and the converters only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype  # numpy dtype; bfloat16 is ml_dtypes.bfloat16
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+# ---- op arguments ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Elementwise:
+    """out = fn(*inputs); all inputs have the output's shape. fn names powerfusion.scalar.SCALAR_FNS."""
+    fn: str
+    params: tuple[tuple[str, object], ...] = ()  # e.g. (("alpha", 0.01),) or (("to", np.dtype("float16")),)
+
+    def param(self, name: str):
+        return dict(self.params)[name]
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """numpy.broadcast_to(input, shape) (input rank may be lower, as in numpy)."""
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """fn in sum | max | min | prod over `axes` (sorted, non-negative)."""
+    fn: str
+    axes: tuple[int, ...]
+    keepdims: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Transpose:
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reshape:
+    """Free: a new shape over the same row-major data."""
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Concat:
+    axis: int  # non-negative
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """out = input[tuple(slice(b, e, s) for b, e, s in zip(starts, stops, steps))],
+    one entry per axis, already clamped; stops may be negative-sentinel None for reversed slices."""
+    starts: tuple[int, ...]
+    stops: tuple[int | None, ...]
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pad:
+    """numpy.pad(input, list(zip(begins, ends)), mode) with constant `value` for mode 'constant'.
+    Negative pads crop."""
+    begins: tuple[int, ...]
+    ends: tuple[int, ...]
+    mode: str = "constant"  # constant | edge | reflect
+    value: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """numpy.take(data, indices, axis) with negative indices wrapped; inputs (data, indices)."""
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Sliding windows for pooling and depthwise conv: input [N, C, *S] ->
+    output [N, C, *O, *K], out[n, c, o.., k..] = padded[n, c, o*stride + k*dilation - pad_begin]
+    where positions outside the input read `pad_value`."""
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pad_begins: tuple[int, ...]
+    pad_ends: tuple[int, ...]
+    pad_value: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class MatMul:
+    """numpy.matmul(A', B') with A' = swapaxes(A, -1, -2) if trans_a, likewise B; batch dims broadcast."""
+    trans_a: bool = False
+    trans_b: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Conv:
+    """ONNX Conv, inputs (X, W[, B]); pads as explicit begins/ends per spatial axis."""
+    strides: tuple[int, ...]
+    pad_begins: tuple[int, ...]
+    pad_ends: tuple[int, ...]
+    dilations: tuple[int, ...]
+    group: int
+
+
+OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
+               Window, MatMul, Conv]
+MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, Window)
+LIBRARY_OPS = (MatMul, Conv)
+
+
+def kind_of(op: OpArgs) -> str:
+    """'elementwise' | 'broadcast' | 'reduce' | 'move' | 'library'."""
+    if isinstance(op, Elementwise):
+        return "elementwise"
+    if isinstance(op, Broadcast):
+        return "broadcast"
+    if isinstance(op, Reduce):
+        return "reduce"
+    if isinstance(op, MOVE_OPS):
+        return "move"
+    return "library"
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The ONNX node a basic op came from, for error messages and per-subgraph reports."""
+    node: str
+    op_type: str
+    opset: int
+
+
+@dataclass(frozen=True, slots=True)
+class BasicNode:
+    name: str                 # unique in the graph
+    op: OpArgs
+    inputs: tuple[str, ...]   # tensor names
+    outputs: tuple[str, ...]  # one output, except where an op says otherwise
+    origin: Origin
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.op)
+
+
+@dataclass
+class BasicGraph:
+    """Topologically ordered basic ops over named tensors with static shapes."""
+    name: str
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    tensors: dict[str, TensorInfo]
+    constants: dict[str, np.ndarray]
+    nodes: list[BasicNode]
+    opset: int = 17
+    metadata: dict = field(default_factory=dict)
+
+    def producer(self) -> dict[str, BasicNode]:
+        return {t: n for n in self.nodes for t in n.outputs}
+
+    def consumers(self) -> dict[str, list[BasicNode]]:
+        out: dict[str, list[BasicNode]] = {}
+        for n in self.nodes:
+            for t in n.inputs:
+                out.setdefault(t, []).append(n)
+        return out

@@ -1,0 +1,84 @@
+"""Hardware specs of the targets we model. Figures are vendor datasheet numbers
+unless a calibration file under benchmarks/results/ says otherwise (the perf-model
+issue replaces the lent GPU's figures with measured ones).
+
+Levels are the abstract GLOBAL > SHARED > REGISTER of DESIGN.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSpec:
+    bandwidth: float       # bytes/s, whole device
+    capacity: int          # bytes per group (SHARED), per unit (REGISTER) or whole device (GLOBAL)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    name: str
+    backend: str                      # cuda | hip | mlu | cpu
+    lanes: int                        # lanes per parallel unit (warp 32, wavefront 64, 1)
+    units_per_group_max: int          # warps per block, wavefronts per workgroup, pipelines per cluster
+    groups_concurrent: int            # SMs / CUs / IPU clusters (x resident groups is the perf model's job)
+    levels: dict[str, LevelSpec]      # "global" | "shared" | "register"
+    peak_flops: dict[str, float]      # per dtype, dense, FLOP/s (library ops; tensor cores where any)
+    vector_flops: float               # non-tensor fp32 FLOP/s (elementwise chains)
+    launch_s: float                   # per kernel launch
+    sync_s: dict[str, float] = field(default_factory=dict)  # per scope, per occurrence
+
+    @property
+    def bandwidth(self) -> float:
+        return self.levels["global"].bandwidth
+
+    def ridge_point(self, dtype: str = "float32") -> float:
+        """FLOPs per byte above which an op is compute-bound."""
+        return self.peak_flops.get(dtype, self.peak_flops["float32"]) / self.bandwidth
+
+
+def _gpu(name, backend, lanes, sms, bw, hbm, smem, regs, peaks, vec, launch, l2bw):
+    return TargetSpec(
+        name, backend, lanes, 32 if lanes == 32 else 16, sms,
+        {"global": LevelSpec(bw, hbm), "shared": LevelSpec(l2bw, smem), "register": LevelSpec(l2bw * 4, regs)},
+        peaks, vec, launch,
+        {"lane": 0.0, "warp": 2e-9, "block": 2e-8, "device": launch},
+    )
+
+
+TARGETS: dict[str, TargetSpec] = {
+    "a100": _gpu("A100-40GB-PCIe", "cuda", 32, 108, 1.555e12, 40 << 30, 164 << 10, 255 * 4 * 32,
+                 {"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12, "int8": 624e12},
+                 19.5e12, 4e-6, 19e12),
+    "h100": _gpu("H100-SXM", "cuda", 32, 132, 3.35e12, 80 << 30, 228 << 10, 255 * 4 * 32,
+                 {"float32": 67e12, "tf32": 495e12, "float16": 989e12, "bfloat16": 989e12, "int8": 1979e12},
+                 67e12, 3e-6, 33e12),
+    "h200": _gpu("H200", "cuda", 32, 132, 4.8e12, 141 << 30, 228 << 10, 255 * 4 * 32,
+                 {"float32": 67e12, "tf32": 495e12, "float16": 989e12, "bfloat16": 989e12, "int8": 1979e12},
+                 67e12, 3e-6, 33e12),
+    "mi100": _gpu("MI100", "hip", 64, 120, 1.2e12, 32 << 30, 64 << 10, 256 * 4 * 64,
+                  {"float32": 23.1e12, "float16": 184.6e12, "bfloat16": 92.3e12, "int8": 184.6e12},
+                  23.1e12, 6e-6, 10e12),
+    "mi250": _gpu("MI250", "hip", 64, 208, 3.2e12, 128 << 30, 64 << 10, 256 * 4 * 64,
+                  {"float32": 47.9e12, "float16": 362e12, "bfloat16": 362e12, "int8": 362e12},
+                  47.9e12, 6e-6, 20e12),
+    "mlu370": TargetSpec(
+        "MLU370-X4", "mlu", 1, 4, 8,
+        {"global": LevelSpec(307e9, 24 << 30), "shared": LevelSpec(1.2e12, 2 << 20), "register": LevelSpec(4e12, 768 << 10)},
+        {"float32": 24e12, "float16": 96e12, "bfloat16": 96e12, "int8": 256e12}, 24e12, 10e-6,
+        {"lane": 0.0, "warp": 0.0, "block": 1e-7, "device": 10e-6}),
+    "cpu": TargetSpec(
+        "generic-CPU", "cpu", 1, 1, 8,
+        {"global": LevelSpec(50e9, 64 << 30), "shared": LevelSpec(200e9, 1 << 20), "register": LevelSpec(1e12, 32 << 10)},
+        {"float32": 1e12, "float16": 0.5e12, "bfloat16": 0.5e12, "int8": 2e12}, 1e12, 1e-6,
+        {"lane": 0.0, "warp": 0.0, "block": 0.0, "device": 1e-6}),
+}
+ALIASES = {"cuda": "h200", "hip": "mi250", "mlu": "mlu370"}
+
+
+def get_target(name: str) -> TargetSpec:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in TARGETS:
+        from powerfusion.errors import PowerFusionError
+        raise PowerFusionError(f"unknown target '{name}'; known: {', '.join(sorted(TARGETS) + sorted(ALIASES))}")
+    return TARGETS[key]

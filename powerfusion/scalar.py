@@ -1,0 +1,100 @@
+"""The scalar functions an elementwise gOperator may apply: one table shared by the
+numpy interpreter, the CPU session and every C-style backend.
+
+Arithmetic on fp16/bf16 data is done in fp32 (load, widen, compute, narrow, store),
+as every backend does it; the numpy implementations below therefore receive
+float32 (or bool / integer) arrays.
+
+C templates use `{0}`, `{1}`, ... for operands and `{name}` for parameters, and
+assume float operands; backends may override individual entries.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarFn:
+    name: str
+    arity: int
+    numpy: Callable
+    c: str
+    flops: int = 1               # rough cost per element, for the perf model
+    result: str = "same"         # "same" | "bool" (comparisons) | "param:to" (cast)
+    params: tuple[str, ...] = ()
+
+
+_MATH_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Exact (to double rounding) erf, elementwise."""
+    return _MATH_ERF(np.asarray(x, dtype=np.float64)).astype(np.asarray(x).dtype)
+
+
+def _cast(x, to):
+    return x.astype(to)
+
+
+def _f(name, arity, fn, c, flops=1, result="same", params=()):
+    return name, ScalarFn(name, arity, fn, c, flops, result, params)
+
+
+SCALAR_FNS: dict[str, ScalarFn] = dict([
+    # arithmetic
+    _f("add", 2, np.add, "({0} + {1})"),
+    _f("sub", 2, np.subtract, "({0} - {1})"),
+    _f("mul", 2, np.multiply, "({0} * {1})"),
+    _f("div", 2, lambda a, b: np.divide(a, b) if a.dtype.kind == "f" else _int_div(a, b), "({0} / {1})"),
+    _f("pow", 2, np.power, "powf({0}, {1})", flops=8),
+    _f("max", 2, np.maximum, "fmaxf({0}, {1})"),
+    _f("min", 2, np.minimum, "fminf({0}, {1})"),
+    _f("neg", 1, np.negative, "(-{0})"),
+    _f("abs", 1, np.abs, "fabsf({0})"),
+    _f("sqrt", 1, np.sqrt, "sqrtf({0})", flops=4),
+    _f("rsqrt", 1, lambda x: 1 / np.sqrt(x), "rsqrtf({0})", flops=4),
+    _f("reciprocal", 1, np.reciprocal, "(1.0f / {0})", flops=4),
+    _f("exp", 1, np.exp, "expf({0})", flops=8),
+    _f("log", 1, np.log, "logf({0})", flops=8),
+    _f("erf", 1, erf, "erff({0})", flops=16),
+    _f("tanh", 1, np.tanh, "tanhf({0})", flops=16),
+    _f("sigmoid", 1, lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype), "(1.0f / (1.0f + expf(-{0})))", flops=10),
+    _f("relu", 1, lambda x: np.maximum(x, np.zeros((), x.dtype)), "fmaxf({0}, 0.0f)"),
+    _f("leaky_relu", 1, lambda x, alpha: np.where(x >= 0, x, x * x.dtype.type(alpha)),
+       "({0} >= 0.0f ? {0} : {0} * {alpha}f)", flops=2, params=("alpha",)),
+    _f("clip", 1, lambda x, lo, hi: np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)),
+       "fminf(fmaxf({0}, {lo}f), {hi}f)", flops=2, params=("lo", "hi")),
+    _f("hard_sigmoid", 1, lambda x, alpha, beta: np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype),
+       "fminf(fmaxf({0} * {alpha}f + {beta}f, 0.0f), 1.0f)", flops=4, params=("alpha", "beta")),
+    _f("identity", 1, lambda x: x, "{0}", flops=0),
+    # comparisons and logic (bool results)
+    _f("equal", 2, np.equal, "({0} == {1})", result="bool"),
+    _f("less", 2, np.less, "({0} < {1})", result="bool"),
+    _f("greater", 2, np.greater, "({0} > {1})", result="bool"),
+    _f("less_equal", 2, np.less_equal, "({0} <= {1})", result="bool"),
+    _f("greater_equal", 2, np.greater_equal, "({0} >= {1})", result="bool"),
+    _f("not", 1, np.logical_not, "(!{0})", result="bool"),
+    _f("and", 2, np.logical_and, "({0} && {1})", result="bool"),
+    _f("or", 2, np.logical_or, "({0} || {1})", result="bool"),
+    _f("isnan", 1, np.isnan, "isnan({0})", result="bool"),
+    # selection and conversion
+    _f("where", 3, np.where, "({0} ? {1} : {2})"),
+    _f("cast", 1, _cast, "({to})({0})", flops=0, result="param:to", params=("to",)),
+])
+
+
+def _int_div(a, b):
+    # ONNX integer Div truncates toward zero (like C), numpy floors.
+    q = np.trunc(np.true_divide(a, b))
+    return q.astype(np.result_type(a, b))
+
+
+def scalar_fn(name: str) -> ScalarFn:
+    try:
+        return SCALAR_FNS[name]
+    except KeyError:
+        raise KeyError(f"unknown scalar function '{name}' (known: {', '.join(sorted(SCALAR_FNS))})") from None
