@@ -188,3 +188,47 @@ class BasicGraph:
             for t in n.inputs:
                 out.setdefault(t, []).append(n)
         return out
+
+
+# ---- partition ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LibraryCall:
+    """A compute-bound op sent to a vendor library (or a typed GEMM)."""
+    node: BasicNode
+    flops: int
+    bytes: int  # compulsory: inputs read once, output written once
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / max(self.bytes, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Subgraph:
+    """A maximal connected group of memory-bound basic ops, acyclic once contracted."""
+    name: str                      # sanitised-safe identifier, e.g. "sg3"
+    nodes: tuple[BasicNode, ...]   # topological order
+    inputs: tuple[str, ...]        # tensors read from outside (graph inputs, constants, other steps)
+    outputs: tuple[str, ...]       # tensors used outside or graph outputs
+    flops: int
+    bytes: int                     # compulsory bytes: each input read once + each output written once
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / max(self.bytes, 1)
+
+
+@dataclass
+class Partition:
+    graph: BasicGraph
+    target: str
+    steps: list  # Subgraph | LibraryCall, in an executable (topological) order
+
+    @property
+    def subgraphs(self) -> list[Subgraph]:
+        return [s for s in self.steps if isinstance(s, Subgraph)]
+
+    @property
+    def library_calls(self) -> list[LibraryCall]:
+        return [s for s in self.steps if isinstance(s, LibraryCall)]
