@@ -1,0 +1,237 @@
+"""Index expressions: the affine-with-div/mod language of slice offsets.
+
+An `Expr` is an immutable tree over the variables `u` (parallel unit index),
+`i` (segment index, < num) and `j` (element index in a segment, < width), integer
+constants, + - * // % min max, comparisons, `select`, and `load` (a value read from a
+global buffer, for gather). Expressions are built with Python operators, evaluated
+vectorised with numpy (the interpreter, the sync-scope analysis) and rendered to C
+(the backends). Construction folds constants and the trivial identities, so equal
+patterns built twice compare equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+_C_BINOPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "/", "mod": "%",
+             "lt": "<", "le": "<=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
+_NP_BINOPS: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide,
+    "mod": np.mod, "min": np.minimum, "max": np.maximum, "lt": np.less, "le": np.less_equal,
+    "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+}
+_PY_BINOPS: dict[str, Callable] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b, "min": min, "max": max,
+    "lt": lambda a, b: int(a < b), "le": lambda a, b: int(a <= b), "eq": lambda a, b: int(a == b),
+    "ne": lambda a, b: int(a != b), "and": lambda a, b: int(bool(a) and bool(b)),
+    "or": lambda a, b: int(bool(a) or bool(b)),
+}
+
+
+class Expr:
+    """Base of the expression nodes; operators build new nodes."""
+    __slots__ = ()
+
+    def __add__(self, o): return binop("add", self, o)
+    def __radd__(self, o): return binop("add", o, self)
+    def __sub__(self, o): return binop("sub", self, o)
+    def __rsub__(self, o): return binop("sub", o, self)
+    def __mul__(self, o): return binop("mul", self, o)
+    def __rmul__(self, o): return binop("mul", o, self)
+    def __floordiv__(self, o): return binop("floordiv", self, o)
+    def __mod__(self, o): return binop("mod", self, o)
+    def lt(self, o): return binop("lt", self, o)
+    def le(self, o): return binop("le", self, o)
+    def ge(self, o): return binop("le", o, self)
+    def eq(self, o): return binop("eq", self, o)
+    def __and__(self, o): return binop("and", self, o)
+    def __or__(self, o): return binop("or", self, o)
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Expr):
+    value: int
+
+    def __repr__(self): return str(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Var(Expr):
+    name: str  # "u" | "i" | "j"
+
+    def __repr__(self): return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def __repr__(self):
+        sym = _C_BINOPS.get(self.op)
+        return f"({self.a!r} {sym} {self.b!r})" if sym else f"{self.op}({self.a!r}, {self.b!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    def __repr__(self): return f"({self.cond!r} ? {self.a!r} : {self.b!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Load(Expr):
+    """The integer stored at `buffer[index]` (a global buffer: gather indices)."""
+    buffer: str
+    index: Expr
+
+    def __repr__(self): return f"{self.buffer}[{self.index!r}]"
+
+
+U, I, J = Var("u"), Var("i"), Var("j")
+ZERO, ONE = Const(0), Const(1)
+
+
+def const(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, (bool, np.bool_)):
+        return Const(int(x))
+    if isinstance(x, (int, np.integer)):
+        return Const(int(x))
+    raise TypeError(f"not an index expression: {x!r}")
+
+
+def binop(op: str, a, b) -> Expr:
+    a, b = const(a), const(b)
+    if isinstance(a, Const) and isinstance(b, Const):
+        return Const(_PY_BINOPS[op](a.value, b.value))
+    if op == "add":
+        if a == ZERO: return b
+        if b == ZERO: return a
+        if isinstance(a, Const): a, b = b, a  # constants to the right
+        if isinstance(b, Const) and isinstance(a, BinOp) and a.op == "add" and isinstance(a.b, Const):
+            return binop("add", a.a, a.b.value + b.value)
+    elif op == "sub":
+        if b == ZERO: return a
+        if isinstance(b, Const): return binop("add", a, -b.value)
+        if a == b: return ZERO
+    elif op == "mul":
+        if a == ZERO or b == ZERO: return ZERO
+        if a == ONE: return b
+        if b == ONE: return a
+        if isinstance(a, Const): a, b = b, a
+        if isinstance(b, Const) and isinstance(a, BinOp) and a.op == "mul" and isinstance(a.b, Const):
+            return binop("mul", a.a, a.b.value * b.value)
+    elif op == "floordiv":
+        if b == ONE: return a
+    elif op == "mod":
+        if b == ONE: return ZERO
+    return BinOp(op, a, b)
+
+
+def select(cond, a, b) -> Expr:
+    cond, a, b = const(cond), const(a), const(b)
+    if isinstance(cond, Const):
+        return a if cond.value else b
+    if a == b:
+        return a
+    return Select(cond, a, b)
+
+
+def emin(a, b) -> Expr: return binop("min", a, b)
+def emax(a, b) -> Expr: return binop("max", a, b)
+
+
+def variables(e: Expr) -> frozenset[str]:
+    if isinstance(e, Var): return frozenset({e.name})
+    if isinstance(e, Const): return frozenset()
+    if isinstance(e, BinOp): return variables(e.a) | variables(e.b)
+    if isinstance(e, Select): return variables(e.cond) | variables(e.a) | variables(e.b)
+    if isinstance(e, Load): return variables(e.index)
+    raise TypeError(e)
+
+
+def loads(e: Expr) -> frozenset[str]:
+    """Buffers an expression reads (gather indices)."""
+    if isinstance(e, (Var, Const)): return frozenset()
+    if isinstance(e, BinOp): return loads(e.a) | loads(e.b)
+    if isinstance(e, Select): return loads(e.cond) | loads(e.a) | loads(e.b)
+    if isinstance(e, Load): return frozenset({e.buffer}) | loads(e.index)
+    raise TypeError(e)
+
+
+def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
+    """Replace variables by expressions (rebuilding, so constants fold again)."""
+    if isinstance(e, Var): return mapping.get(e.name, e)
+    if isinstance(e, Const): return e
+    if isinstance(e, BinOp): return binop(e.op, substitute(e.a, mapping), substitute(e.b, mapping))
+    if isinstance(e, Select):
+        return select(substitute(e.cond, mapping), substitute(e.a, mapping), substitute(e.b, mapping))
+    if isinstance(e, Load): return Load(e.buffer, substitute(e.index, mapping))
+    raise TypeError(e)
+
+
+def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
+    """Vectorised evaluation: variables bound to broadcastable int64 arrays."""
+    if isinstance(e, Const): return np.int64(e.value)
+    if isinstance(e, Var): return env[e.name]
+    if isinstance(e, BinOp):
+        a, b = evaluate(e.a, env, buffers), evaluate(e.b, env, buffers)
+        if e.op in ("floordiv", "mod"):
+            b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
+        return _NP_BINOPS[e.op](a, b)
+    if isinstance(e, Select):
+        return np.where(evaluate(e.cond, env, buffers), evaluate(e.a, env, buffers), evaluate(e.b, env, buffers))
+    if isinstance(e, Load):
+        if buffers is None or e.buffer not in buffers:
+            raise KeyError(f"expression loads from '{e.buffer}', which is not available")
+        data = buffers[e.buffer].reshape(-1)
+        idx = np.clip(evaluate(e.index, env, buffers), 0, data.size - 1)
+        return data[idx].astype(np.int64)
+    raise TypeError(e)
+
+
+def render_c(e: Expr, names: Mapping[str, str] | None = None, load: Callable[[str, str], str] | None = None) -> str:
+    """C source for an expression over non-negative operands (C's / and % then equal floor ones).
+    `names` maps variables to C identifiers; `load(buffer, index_src)` renders a Load."""
+    names = names or {}
+    if isinstance(e, Const): return str(e.value)
+    if isinstance(e, Var): return names.get(e.name, e.name)
+    if isinstance(e, BinOp):
+        a, b = render_c(e.a, names, load), render_c(e.b, names, load)
+        if e.op in _C_BINOPS:
+            return f"({a} {_C_BINOPS[e.op]} {b})"
+        return f"{e.op}({a}, {b})"
+    if isinstance(e, Select):
+        return f"({render_c(e.cond, names, load)} ? {render_c(e.a, names, load)} : {render_c(e.b, names, load)})"
+    if isinstance(e, Load):
+        idx = render_c(e.index, names, load)
+        return load(e.buffer, idx) if load else f"((long long){e.buffer}[{idx}])"
+    raise TypeError(e)
+
+
+def affine_coefficient(e: Expr, var: str) -> int | None:
+    """If `e` is affine in `var` (other variables arbitrary but not mixed with it),
+    its coefficient; None when `e` is not affine in `var`. Used to find contiguous
+    (coefficient 1 in j) and strided (coefficient in i) accesses."""
+    if var not in variables(e):
+        return 0
+    if isinstance(e, Var):
+        return 1
+    if isinstance(e, BinOp):
+        ca, cb = affine_coefficient(e.a, var), affine_coefficient(e.b, var)
+        if ca is None or cb is None:
+            return None
+        if e.op == "add": return ca + cb
+        if e.op == "sub": return ca - cb
+        if e.op == "mul":
+            if isinstance(e.b, Const): return ca * e.b.value
+            if isinstance(e.a, Const): return cb * e.a.value
+    return None

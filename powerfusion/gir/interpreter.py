@@ -1,0 +1,154 @@
+"""The numpy interpreter of GIR: the semantic reference for every template and rule.
+
+Units run in lockstep, one gOperator at a time over all active units (vectorised),
+so a missing sync is not visible here: the verifier checks sync placement. Register
+buffers are [units, size] arrays, shared buffers [groups, size], global buffers flat.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Sync)
+from powerfusion.scalar import scalar_fn
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """fp16/bf16 arithmetic is done in fp32, as every backend does it."""
+    return np.dtype(np.float32) if dt.kind == "f" and dt.itemsize < 4 or dt.name == "bfloat16" else dt
+
+
+_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
+_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+
+
+class _State:
+    def __init__(self, graph: GIRGraph, feeds: Mapping[str, np.ndarray]):
+        self.graph = graph
+        self.arrays: dict[str, np.ndarray] = {}
+        consts = dict(graph.constants)
+        P = graph.parallel
+        for b in graph.buffers:
+            dt = np_dtype(b.dtype)
+            if b.level == Level.GLOBAL:
+                src = feeds.get(b.name, consts.get(b.name))
+                if src is not None:
+                    a = np.ascontiguousarray(np.asarray(src).astype(dt, copy=False)).reshape(-1).copy()
+                    if a.size != b.size:
+                        raise ValueError(f"buffer '{b.name}' holds {b.size} elements, fed {a.size}")
+                else:
+                    a = _poison(dt, b.size)
+                self.arrays[b.name] = a
+            elif b.level == Level.SHARED:
+                self.arrays[b.name] = _poison(dt, (P.groups, b.size))
+            else:
+                self.arrays[b.name] = _poison(dt, (P.units, b.size))
+
+    def _index(self, s: MemorySlice, units: np.ndarray, addr: np.ndarray):
+        if s.level == Level.GLOBAL:
+            return (addr,)
+        row = units // self.graph.parallel.units_per_group if s.level == Level.SHARED else units
+        return (row[:, None], addr)
+
+    def _addr(self, s: MemorySlice, units: np.ndarray):
+        arr = self.arrays[s.buffer]
+        addr = s.addresses(units, self.arrays)
+        mask = s.mask(units, self.arrays)
+        limit = arr.shape[-1]
+        inb = (addr >= 0) & (addr < limit)
+        if np.any(mask & ~inb):
+            bad = addr[mask & ~inb][0]
+            raise IndexError(f"slice {s.describe()} touches element {bad} outside buffer '{s.buffer}' ({limit})")
+        return np.where(mask, addr, 0), mask
+
+    def read(self, s: MemorySlice, units: np.ndarray):
+        addr, mask = self._addr(s, units)
+        return self.arrays[s.buffer][self._index(s, units, addr)], mask
+
+    def write(self, s: MemorySlice, units: np.ndarray, values: np.ndarray, mask: np.ndarray):
+        addr, smask = self._addr(s, units)
+        mask = mask & smask
+        arr = self.arrays[s.buffer]
+        values = np.broadcast_to(values, addr.shape).astype(arr.dtype)
+        idx = self._index(s, units, addr)
+        if s.level == Level.GLOBAL:
+            arr[idx[0][mask]] = values[mask]
+        else:
+            rows = np.broadcast_to(idx[0], addr.shape)
+            arr[rows[mask], addr[mask]] = values[mask]
+
+
+def _poison(dt: np.dtype, shape) -> np.ndarray:
+    """Unwritten elements show: NaN for floats, a sentinel for integers."""
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return np.full(shape, np.nan, dtype=dt)
+    if dt.kind == "b":
+        return np.zeros(shape, dtype=dt)
+    return np.full(shape, np.iinfo(dt).min // 2 if dt.kind == "i" else np.iinfo(dt).max, dtype=dt)
+
+
+def _exec_move(st: _State, op: GOp, units):
+    (src,), (dst,) = op.inputs, op.outputs
+    vals, m = st.read(src, units)
+    fill = np.asarray(src.fill).astype(vals.dtype) if vals.dtype.kind != "b" else bool(src.fill)
+    st.write(dst, units, np.where(m, vals, fill), np.ones_like(m))
+
+
+def _exec_elementwise(st: _State, op: GOp, units):
+    fn = scalar_fn(op.args.fn)
+    vals = []
+    for s in op.inputs:
+        v, _ = st.read(s, units)
+        vals.append(v.astype(compute_dtype(v.dtype)) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v)
+    params = dict(op.args.params)
+    if "to" in params:
+        params["to"] = np_dtype(str(np.dtype(params["to"])) if not isinstance(params["to"], str) else params["to"])
+    with np.errstate(all="ignore"):
+        out = fn.numpy(*vals, **{k: params[k] for k in fn.params})
+    st.write(op.outputs[0], units, np.asarray(out), np.ones(np.shape(out), dtype=bool))
+
+
+def _exec_reduce(st: _State, op: GOp, units):
+    (src,), (dst,) = op.inputs, op.outputs
+    vals, m = st.read(src, units)
+    cd = compute_dtype(vals.dtype)
+    v = vals.astype(cd).reshape(len(units), src.num, src.width)
+    ident = _IDENTITY[op.args.fn]
+    if cd.kind != "f":
+        ident = {"sum": 0, "prod": 1, "max": np.iinfo(cd).min, "min": np.iinfo(cd).max}[op.args.fn]
+    v = np.where(m.reshape(v.shape), v, np.asarray(ident).astype(cd))
+    axis = 2 if op.args.over == "width" else 1
+    out = _REDUCE[op.args.fn](v, axis=axis)
+    st.write(dst, units, out.reshape(len(units), -1), np.ones((len(units), dst.count), dtype=bool))
+
+
+def _exec_broadcast(st: _State, op: GOp, units):
+    (src,), (dst,) = op.inputs, op.outputs
+    vals, _ = st.read(src, units)
+    shape = (len(units), src.num, src.width)
+    out = np.broadcast_to(vals.reshape(shape), (len(units), dst.num, dst.width)).reshape(len(units), -1)
+    st.write(dst, units, out, np.ones(out.shape, dtype=bool))
+
+
+EXECUTORS = {Move: _exec_move, Elementwise: _exec_elementwise, Reduce: _exec_reduce,
+             Broadcast: _exec_broadcast, Sync: lambda st, op, units: None}
+
+
+def run_gir(graph: GIRGraph, feeds: Mapping[str, np.ndarray], shapes: Mapping[str, tuple] | None = None):
+    """Execute `graph` on `feeds` (input buffer name -> array); returns output buffer name -> array
+    (flat, or reshaped by `shapes`)."""
+    st = _State(graph, feeds)
+    for op in graph.ops:
+        units = op.active_units(graph.parallel.units, st.arrays)
+        if len(units):
+            EXECUTORS[type(op.args)](st, op, units)
+    shapes = shapes or {}
+    return {n: st.arrays[n].reshape(shapes.get(n, (-1,))) for n in graph.outputs}

@@ -1,0 +1,284 @@
+"""GIR: gOperators over memory slices, wrapped in a parallel structure (DESIGN.md).
+
+Semantics, precisely (the numpy interpreter in interpreter.py is the reference):
+
+* `Parallel(units, units_per_group, lanes)`: `units` parallel units u = 0..units-1
+  (CUDA: warps), grouped by consecutive index into groups of `units_per_group`
+  (CUDA: blocks; group = u // units_per_group). A unit has `lanes` lanes.
+* Buffers live at a level. GLOBAL buffers are one flat array; SHARED buffers are
+  one array per group; REGISTER buffers one array per unit. `size` counts elements
+  of that one array.
+* A `MemorySlice` is what one unit touches in one buffer: the elements
+  `index(u, i, j)` for i < num, j < width (the classic form is
+  `offset(u) + i*stride + j`, built by `MemorySlice.strided`). Where `valid(u, i, j)`
+  is false the element is not accessed: a move then writes the slice's `fill`
+  into the destination, a reduce skips it, a store skips it.
+  Element (i, j) belongs to lane `(j // vec) % lanes` of its unit.
+* gOperators run for every unit whose `guard(u)` holds, in list order; the list is a
+  valid schedule (each unit's program). Slices are matched element by element in
+  row-major (i, j) order: a move copies its input's k-th element to its output's
+  k-th element, so input and output have the same num * width.
+* `Sync(scope)` means "wait" (units within `scope` have finished every earlier
+  gOperator) and "the pattern over this data changes here": its inputs are the
+  slices as written before it, its outputs the same buffers as read after it.
+  DEVICE syncs that remain after rewriting are kernel boundaries.
+
+Nodes are immutable; graphs are rebuilt, never edited in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Union
+
+import numpy as np
+
+from powerfusion.gir.expr import Expr, I, J, U, const, evaluate, affine_coefficient, variables
+
+
+class Level(IntEnum):
+    REGISTER = 0
+    SHARED = 1
+    GLOBAL = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Scope(IntEnum):
+    LANE = 0
+    WARP = 1
+    BLOCK = 2
+    DEVICE = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @property
+    def level(self) -> Level:
+        """The highest (fastest) level data exchanged at this scope may live in."""
+        return {Scope.LANE: Level.REGISTER, Scope.WARP: Level.REGISTER,
+                Scope.BLOCK: Level.SHARED, Scope.DEVICE: Level.GLOBAL}[self]
+
+
+@dataclass(frozen=True, slots=True)
+class Parallel:
+    units: int
+    units_per_group: int = 1
+    lanes: int = 32
+
+    @property
+    def groups(self) -> int:
+        return -(-self.units // self.units_per_group)
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str
+    level: Level
+    size: int          # elements per instance (see module doc)
+    dtype: str         # numpy dtype name: float32, float16, bfloat16, int64, bool, ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySlice:
+    buffer: str
+    level: Level
+    index: Expr        # over u, i, j
+    num: int
+    width: int
+    dtype: str
+    vec: int = 1       # consecutive elements per lane per access
+    valid: Expr | None = None   # over u, i, j; None = all valid
+    fill: float = 0.0           # value a move writes where the source is not valid
+
+    @staticmethod
+    def strided(buffer: str, level: Level, offset, num: int, width: int, stride: int, dtype: str,
+                vec: int = 1, valid: Expr | None = None, fill: float = 0.0) -> "MemorySlice":
+        return MemorySlice(buffer, level, const(offset) + I * stride + J, num, width, dtype, vec, valid, fill)
+
+    @property
+    def count(self) -> int:
+        return self.num * self.width
+
+    @property
+    def stride(self) -> int | None:
+        """Distance between segments when the index is affine in i (else None)."""
+        return affine_coefficient(self.index, "i")
+
+    @property
+    def contiguous(self) -> bool:
+        return affine_coefficient(self.index, "j") == 1
+
+    def at(self, level: Level, buffer: str | None = None) -> "MemorySlice":
+        return replace(self, level=level, buffer=buffer or self.buffer)
+
+    def addresses(self, units: np.ndarray, buffers=None) -> np.ndarray:
+        """[len(units), num*width] int64 element indices into the buffer."""
+        u, i, j = _grid(units, self.num, self.width)
+        return np.broadcast_to(evaluate(self.index, {"u": u, "i": i, "j": j}, buffers),
+                               (len(units), self.num, self.width)).reshape(len(units), -1).astype(np.int64)
+
+    def mask(self, units: np.ndarray, buffers=None) -> np.ndarray:
+        if self.valid is None:
+            return np.ones((len(units), self.count), dtype=bool)
+        u, i, j = _grid(units, self.num, self.width)
+        return np.broadcast_to(evaluate(self.valid, {"u": u, "i": i, "j": j}, buffers),
+                               (len(units), self.num, self.width)).reshape(len(units), -1).astype(bool)
+
+    def lanes_of(self, lanes: int) -> np.ndarray:
+        """[num*width] lane of each element within its unit."""
+        j = np.tile(np.arange(self.width), self.num)
+        return (j // self.vec) % lanes
+
+    def pattern(self) -> tuple:
+        """Everything but the buffer identity and level: equal patterns are touched identically."""
+        return (self.index, self.num, self.width, self.vec, self.valid)
+
+    def describe(self) -> str:
+        s = self.stride
+        return (f"{self.buffer}@{self.level.label} {self.num}x{self.width}"
+                f"{'/' + str(s) if s is not None else ''} {self.dtype}")
+
+
+def _grid(units: np.ndarray, num: int, width: int):
+    return (np.asarray(units, dtype=np.int64)[:, None, None], np.arange(num, dtype=np.int64)[None, :, None],
+            np.arange(width, dtype=np.int64)[None, None, :])
+
+
+# ---- gOperator kinds: each kind's arguments in one small frozen dataclass ----------------
+
+@dataclass(frozen=True, slots=True)
+class Elementwise:
+    """out(i,j) = fn(in0(i,j), in1(i,j), ...): fn from powerfusion.scalar.SCALAR_FNS."""
+    fn: str
+    params: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """Reduce the input (num x width) over 'width' (-> num x 1) or 'num' (-> 1 x width).
+    Over width across lanes this includes the lanes' exchange (a WARP-scope step)."""
+    fn: str      # sum | max | min | prod
+    over: str    # "width" | "num"
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """Input num x 1 (over='width') or 1 x width (over='num') repeated to the output's shape."""
+    over: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Copy input slice to output slice element by element (levels and patterns may differ)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    scope: Scope
+
+
+GOpArgs = Union[Elementwise, Reduce, Broadcast, Move, Sync]
+KIND_OF = {Elementwise: "elementwise", Reduce: "reduce", Broadcast: "broadcast", Move: "move", Sync: "sync"}
+COMPUTE_KINDS = frozenset({"elementwise", "reduce", "broadcast"})
+MOVEMENT_KINDS = frozenset({"move", "sync"})
+
+
+@dataclass(frozen=True, slots=True)
+class GOp:
+    args: GOpArgs
+    inputs: tuple[MemorySlice, ...]
+    outputs: tuple[MemorySlice, ...]
+    guard: Expr | None = None    # over u; None = every unit
+    origin: str = ""             # the basic op (or rule) it came from, for reports and the visualiser
+    uid: int = field(default=0, compare=False)  # stable identity for traces; not part of equality
+
+    @property
+    def kind(self) -> str:
+        return KIND_OF[type(self.args)]
+
+    def active_units(self, units: int, buffers=None) -> np.ndarray:
+        u = np.arange(units, dtype=np.int64)
+        if self.guard is None:
+            return u
+        return u[np.broadcast_to(evaluate(self.guard, {"u": u}, buffers), u.shape).astype(bool)]
+
+    def describe(self) -> str:
+        a = self.args
+        head = {Elementwise: lambda: f"elementwise({a.fn})", Reduce: lambda: f"reduce({a.fn}, {a.over})",
+                Broadcast: lambda: f"broadcast({a.over})", Move: lambda: "move",
+                Sync: lambda: f"sync({a.scope.label})"}[type(a)]()
+        return f"{head} [{', '.join(s.describe() for s in self.inputs)}] -> [{', '.join(s.describe() for s in self.outputs)}]"
+
+
+@dataclass(frozen=True)
+class GIRGraph:
+    """One memory-bound subgraph as GIR: buffers, a parallel structure, a schedule of gOperators.
+
+    `inputs`/`outputs` name the GLOBAL buffers exchanged with the rest of the model;
+    `constants` hold data for GLOBAL buffers known at compile time."""
+    name: str
+    parallel: Parallel
+    buffers: tuple[Buffer, ...]
+    ops: tuple[GOp, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    constants: tuple[tuple[str, np.ndarray], ...] = ()
+    templates: tuple[tuple[str, str], ...] = ()  # (basic node name, template chosen) for reports
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(f"GIR graph {self.name} has no buffer '{name}'")
+
+    def with_ops(self, ops, buffers=None) -> "GIRGraph":
+        """A new graph with these ops; unused non-interface buffers are dropped."""
+        ops = tuple(ops)
+        keep = set(self.inputs) | set(self.outputs) | {n for n, _ in self.constants}
+        for op in ops:
+            for s in op.inputs + op.outputs:
+                keep.add(s.buffer)
+                keep.update(_loaded(s))
+        bufs = tuple(b for b in (buffers if buffers is not None else self.buffers) if b.name in keep)
+        return replace(self, ops=ops, buffers=bufs)
+
+    def to_networkx(self):
+        """Dataflow view: op index -> op index when a later op reads a buffer an earlier op wrote
+        (edge attribute `slice`: the reader's input slice)."""
+        import networkx as nx
+        g = nx.MultiDiGraph()
+        last_writer: dict[str, int] = {}
+        for k, op in enumerate(self.ops):
+            g.add_node(k, op=op)
+            for s in op.inputs:
+                if s.buffer in last_writer:
+                    g.add_edge(last_writer[s.buffer], k, slice=s)
+            for s in op.outputs:
+                last_writer[s.buffer] = k
+        return g
+
+    def kernels(self) -> list[tuple[GOp, ...]]:
+        """The schedule split at DEVICE syncs (each part is one kernel)."""
+        parts, cur = [], []
+        for op in self.ops:
+            if isinstance(op.args, Sync) and op.args.scope == Scope.DEVICE:
+                if cur:
+                    parts.append(tuple(cur))
+                cur = []
+            else:
+                cur.append(op)
+        if cur:
+            parts.append(tuple(cur))
+        return parts
+
+
+def _loaded(s: MemorySlice) -> frozenset[str]:
+    from powerfusion.gir.expr import loads
+    out = loads(s.index)
+    if s.valid is not None:
+        out |= loads(s.valid)
+    return out
