@@ -1,0 +1,28 @@
+"""PowerFusion: ONNX in; compute-bound ops to vendor libraries, memory-bound subgraphs
+fused through an instruction-level graph IR and emitted as CUDA, HIP or BANG C.
+
+    import powerfusion as pf
+    sess = pf.InferenceSession("model.onnx")          # like onnxruntime.InferenceSession
+    outputs = sess.run(None, {"x": x})
+
+    with pf.options.context(verbose=1):
+        ...
+"""
+from __future__ import annotations
+
+from powerfusion import options
+from powerfusion.errors import (CompileError, FeedError, ModelError, NodeError, PowerFusionError,
+                                UnsupportedOpError)
+
+__version__ = "0.1.0"
+
+__all__ = ["InferenceSession", "NodeArg", "options", "PowerFusionError", "ModelError",
+           "UnsupportedOpError", "NodeError", "FeedError", "CompileError", "__version__"]
+
+
+def __getattr__(name):
+    # The session pulls in the frontend; `import powerfusion` (and `powerfusion --help`) stays light.
+    if name in ("InferenceSession", "NodeArg"):
+        from powerfusion import session
+        return getattr(session, name)
+    raise AttributeError(f"module 'powerfusion' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from powerfusion.cli import main
+
+sys.exit(main())

@@ -1,0 +1,244 @@
+"""`InferenceSession`: run an ONNX model through PowerFusion, with onnxruntime's API.
+
+    sess = InferenceSession("model.onnx")            # target "cpu" by default
+    [y] = sess.run(None, {"x": x})
+
+The model is imported to basic ops and partitioned once, at construction. On the CPU
+target the partition runs step by step: library calls (MatMul, Conv) through numpy,
+memory-bound subgraphs through `execute_subgraph` (the one place that decides how a
+subgraph runs on the CPU). Other targets plug in an executor built by their backend.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from powerfusion import options as _options
+from powerfusion.errors import FeedError, PowerFusionError
+from powerfusion.frontend.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
+                                        TensorInfo)
+
+# An executor maps feeds (validated, by graph input name) to a dict holding at least
+# every graph output; the CPU one returns every tensor it computed.
+Executor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+RUNNABLE_BACKENDS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """What `get_inputs()` / `get_outputs()` return, as in onnxruntime."""
+    name: str
+    shape: list[int]
+    type: str  # onnxruntime's spelling, e.g. "tensor(float)"
+
+
+def onnx_type_string(dtype) -> str:
+    """numpy dtype -> onnxruntime's type string ("tensor(float)", "tensor(int64)", ...)."""
+    name = np.dtype(dtype).name
+    name = {"float32": "float", "float64": "double", "str": "string", "object": "string"}.get(name, name)
+    return f"tensor({name.replace('_', '')})"
+
+
+class InferenceSession:
+    """Import, partition and prepare `model` (path, bytes or onnx.ModelProto) for `target`.
+
+    `shapes` fixes dynamic input dimensions ({"x": (1, 3, 224, 224)} or "x:1x3x224x224").
+    `options` is a dict of settings for this session (see powerfusion.options).
+    """
+
+    def __init__(self, model, target: str | None = None, shapes=None, options: Mapping | None = None):
+        from powerfusion.frontend import import_model, partition
+        from powerfusion.perfmodel.specs import get_target
+
+        self.options = _options.current().replace(**dict(options or {}))
+        self.target = target or self.options.target
+        backend = get_target(self.target).backend  # unknown names raise a PowerFusionError
+        if backend not in RUNNABLE_BACKENDS:
+            raise PowerFusionError(
+                f"target '{self.target}' ({backend}) can be compiled (`powerfusion compile`) but not run "
+                f"from Python here; runnable backends: {', '.join(RUNNABLE_BACKENDS)}")
+        if isinstance(model, (bytes, bytearray)):
+            import onnx
+            model = onnx.load_from_string(bytes(model))
+        if isinstance(shapes, str):
+            from powerfusion.frontend.loader import parse_shapes
+            shapes = parse_shapes(shapes)
+        self.graph: BasicGraph = import_model(model, shapes=shapes)
+        self.partition: Partition = partition(self.graph, target=self.target)
+        self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
+        self._executor: Executor = (_cuda_executor(self.partition, self.options) if backend == "cuda"
+                                    else lambda feeds: execute_partition(self.partition, feeds, self.profile))
+
+    # ---- onnxruntime API --------------------------------------------------------
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(t) for t in self.graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(t) for t in self.graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return [f"PowerFusion:{self.target}"]
+
+    def run(self, output_names, input_feed: Mapping[str, np.ndarray], run_options=None) -> list[np.ndarray]:
+        """Outputs named by `output_names` (None: all, in the model's order)."""
+        names = [t.name for t in self.graph.outputs] if output_names is None else list(output_names)
+        known = {t.name for t in self.graph.outputs}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise PowerFusionError(f"unknown output name(s) {unknown}; the model's outputs are {sorted(known)}")
+        env = self._executor(self.validate_feeds(input_feed))
+        return [env[n] for n in names]
+
+    # ---- beyond onnxruntime -----------------------------------------------------
+
+    def run_all_tensors(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every tensor the CPU run computes, by name (for per-subgraph comparison)."""
+        if get_target_backend(self.target) != "cpu":
+            raise PowerFusionError("run_all_tensors needs the cpu target")
+        return execute_partition(self.partition, self.validate_feeds(input_feed), self.profile)
+
+    def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""
+        expected = {t.name: t for t in self.graph.inputs}
+        unknown = sorted(set(input_feed) - set(expected))
+        missing = [n for n in expected if n not in input_feed]
+        if unknown or missing:
+            raise FeedError(f"feeds do not match the model's inputs: unknown {unknown}, missing {missing}; "
+                            f"expected inputs: " + ", ".join(_describe(t) for t in self.graph.inputs))
+        feeds = {}
+        for name, info in expected.items():
+            value = input_feed[name]
+            given = np.asarray(value)
+            if given.dtype != np.dtype(info.dtype) or tuple(given.shape) != tuple(info.shape):
+                raise FeedError(f"input '{name}': expected shape {tuple(info.shape)} dtype "
+                                f"{np.dtype(info.dtype).name}, given shape {tuple(given.shape)} dtype "
+                                f"{given.dtype.name}")
+            feeds[name] = given
+        return feeds
+
+
+def get_target_backend(target: str) -> str:
+    from powerfusion.perfmodel.specs import get_target
+    return get_target(target).backend
+
+
+def _node_arg(t: TensorInfo) -> NodeArg:
+    return NodeArg(t.name, [int(d) for d in t.shape], onnx_type_string(t.dtype))
+
+
+def _describe(t: TensorInfo) -> str:
+    return f"'{t.name}' {tuple(t.shape)} {np.dtype(t.dtype).name}"
+
+
+def _cuda_executor(partition: Partition, opts) -> Executor:
+    """The CUDA backend provides `make_executor(partition, options) -> Executor`; it is optional."""
+    try:
+        from powerfusion.backends.cuda.session import make_executor
+    except ImportError as e:
+        raise PowerFusionError(
+            f"the cuda target is not available here ({e}). It needs an NVIDIA GPU and CuPy "
+            "(pip install 'powerfusion[cuda]'); use target='cpu' otherwise.") from None
+    return make_executor(partition, opts)
+
+
+# ---- the CPU executor -------------------------------------------------------------
+
+def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
+                      profile: list | None = None) -> dict[str, np.ndarray]:
+    """Run every step in order; returns every tensor (constants, feeds, intermediates, outputs)."""
+    graph = partition.graph
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    env.update(feeds)
+    if profile is not None:
+        profile.clear()
+    for step in partition.steps:
+        start = time.perf_counter()
+        if isinstance(step, LibraryCall):
+            node = step.node
+            out = graph.tensors[node.outputs[0]]
+            env[out.name] = run_library_op(node.op, [env[i] for i in node.inputs], out.dtype)
+        else:
+            execute_subgraph(step, env, graph)
+        if profile is not None:
+            profile.append((step.name if isinstance(step, Subgraph) else step.node.name,
+                            time.perf_counter() - start))
+    return env
+
+
+def execute_subgraph(subgraph: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
+    """Run one memory-bound subgraph on the CPU, adding its outputs to `env`.
+
+    This is the seam where GIR execution replaces the basic-op interpreter.
+    """
+    from powerfusion.frontend.numpy_exec import run_basic_graph
+
+    sub = BasicGraph(name=subgraph.name,
+                     inputs=[graph.tensors[n] for n in subgraph.inputs],
+                     outputs=[graph.tensors[n] for n in subgraph.outputs],
+                     tensors=graph.tensors, constants={}, nodes=list(subgraph.nodes), opset=graph.opset)
+    results = run_basic_graph(sub, {n: env[n] for n in subgraph.inputs})
+    for n in subgraph.outputs:
+        env[n] = results[n]
+
+
+# ---- library ops through numpy ------------------------------------------------------
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """Half types accumulate in float32 (as cuBLAS/cuDNN do); wider types stay as they are."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" and dtype.itemsize < 4 or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    return dtype
+
+
+def run_library_op(op, inputs: list[np.ndarray], out_dtype) -> np.ndarray:
+    work = _compute_dtype(inputs[0].dtype)
+    args = [np.asarray(x).astype(work, copy=False) for x in inputs]
+    if isinstance(op, MatMul):
+        a, b = args
+        if op.trans_a:
+            a = np.swapaxes(a, -1, -2)
+        if op.trans_b:
+            b = np.swapaxes(b, -1, -2)
+        y = np.matmul(a, b)
+    elif isinstance(op, Conv):
+        y = conv_nd(args[0], args[1], args[2] if len(args) > 2 else None, op)
+    else:
+        raise PowerFusionError(f"no CPU implementation for library op {type(op).__name__}")
+    return np.asarray(y).astype(out_dtype, copy=False)
+
+
+def conv_nd(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, op: Conv) -> np.ndarray:
+    """ONNX Conv (1-3 spatial dims, grouped, strided, dilated) as im2col + one batched matmul."""
+    nsp = x.ndim - 2
+    n, c = x.shape[:2]
+    m, kernel = w.shape[0], w.shape[2:]
+    g = op.group
+    if c % g or m % g or w.shape[1] * g != c:
+        raise PowerFusionError(f"Conv: input channels {c}, weight {w.shape} and group {g} do not agree")
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends)))
+    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, op.dilations))
+    win = np.lib.stride_tricks.sliding_window_view(xp, extent, axis=tuple(range(2, 2 + nsp)))
+    # win: [N, C, *positions, *extent]; keep every stride-th position and dilation-th tap
+    win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in op.strides)
+              + tuple(slice(None, None, d) for d in op.dilations)]
+    out_sp = win.shape[2:2 + nsp]
+    taps = int(np.prod(kernel, dtype=np.int64))
+    positions = int(np.prod(out_sp, dtype=np.int64))
+    cols = win.reshape((n, g, c // g) + out_sp + tuple(kernel))
+    # -> [g, N, *out, C/g, *kernel] so one matmul per group contracts (C/g x taps)
+    perm = (1, 0) + tuple(range(3, 3 + nsp)) + (2,) + tuple(range(3 + nsp, 3 + 2 * nsp))
+    cols = cols.transpose(perm).reshape(g, n * positions, (c // g) * taps)
+    wm = w.reshape(g, m // g, (c // g) * taps).transpose(0, 2, 1)
+    y = np.matmul(cols, wm)                                   # [g, N*positions, M/g]
+    y = y.reshape((g, n) + out_sp + (m // g,))
+    y = np.moveaxis(y, -1, 2).swapaxes(0, 1)                  # [N, g, M/g, *out]
+    y = y.reshape((n, m) + out_sp)
+    if b is not None:
+        y = y + b.reshape((1, m) + (1,) * nsp)
+    return y
