@@ -1,0 +1,170 @@
+"""CUDA runtime: compile emitted source with NVRTC (through CuPy), cache the cubin on
+disk, load it and launch kernels. CuPy is imported inside functions only, so this module
+imports (and `compile_check_nvcc` works) on machines without a GPU.
+
+Kernels are looked up by their unmangled name, so emitted kernels are `extern "C"`.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from powerfusion.errors import CompileError
+from powerfusion.runtime.cache import KernelCache, source_hash
+
+# Options every compile gets; no --use_fast_math by default, so results match numpy within
+# the stated tolerances (callers may add it per kernel).
+BASE_OPTIONS = ("-std=c++17",)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    index: int
+    name: str
+    arch: str              # "sm_90"
+    compute_capability: int  # 90
+    sm_count: int
+    l2_bytes: int
+    memory_bytes: int
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(index: int | None = None) -> DeviceInfo:
+    import cupy
+    if index is None:
+        index = cupy.cuda.Device().id
+    props = cupy.cuda.runtime.getDeviceProperties(index)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    cc = props["major"] * 10 + props["minor"]
+    return DeviceInfo(index, name, f"sm_{cc}", cc, int(props["multiProcessorCount"]),
+                      int(props["l2CacheSize"]), int(props["totalGlobalMem"]))
+
+
+def nvrtc_version() -> tuple[int, int]:
+    import cupy
+    return tuple(cupy.cuda.nvrtc.getVersion())
+
+
+def _include_options() -> tuple[str, ...]:
+    """-I for the CUDA headers (cuda_fp16.h, cuda_bf16.h) where CuPy knows the toolkit."""
+    try:
+        from cupy import _environment
+        cuda_path = _environment.get_cuda_path()
+    except Exception:  # CuPy internals moved: NVRTC's built-in headers may still suffice
+        return ()
+    include = Path(cuda_path) / "include" if cuda_path else None
+    return (f"-I{include}",) if include is not None and include.is_dir() else ()
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """One kernel of a loaded module; `launch` enqueues it on a CuPy stream."""
+    name: str
+    function: object       # cupy.cuda.function.Function
+    binary_kind: str       # "cubin" | "ptx"
+
+    def launch(self, grid, block, args, shared_mem: int = 0, stream=None) -> None:
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
+        block = tuple(block) if isinstance(block, (tuple, list)) else (int(block),)
+        self.function(grid, block, tuple(args), shared_mem=shared_mem, stream=stream)
+
+
+class CudaModule:
+    """A compiled and loaded translation unit; `kernel(name)` gives a launchable kernel."""
+
+    def __init__(self, module, binary_kind: str, cache_hit: bool):
+        self._module = module
+        self.binary_kind = binary_kind
+        self.cache_hit = cache_hit
+
+    def kernel(self, name: str) -> CompiledKernel:
+        return CompiledKernel(name, self._module.get_function(name), self.binary_kind)
+
+
+def compile_source(source: str, options: tuple[str, ...] = (), *, name: str = "pf_kernels",
+                   cache: KernelCache | None = None, device: int | None = None) -> CudaModule:
+    """Compile CUDA source for the current device with NVRTC (disk-cached) and load it."""
+    import cupy
+    from cupy.cuda import compiler, function
+
+    info = device_info(device)
+    cache = cache if cache is not None else _default_cache()
+    all_options = tuple(BASE_OPTIONS) + tuple(options)
+    arch_option, kind = _nvrtc_target(info.compute_capability)
+    key = {"source": source_hash(source), "arch": info.arch, "target": arch_option,
+           "compiler": "nvrtc-%d.%d" % nvrtc_version(), "options": list(all_options),
+           "cupy": cupy.__version__}
+
+    def build() -> bytes:
+        try:
+            binary, _ = compiler.compile_using_nvrtc(
+                source, all_options + _include_options(), arch=str(info.compute_capability),
+                filename=f"{name}.cu", cache_in_memory=True)
+        except compiler.CompileException as e:
+            raise CompileError(_compile_failure(source, name, e.get_message())) from None
+        return binary.encode() if isinstance(binary, str) else bytes(binary)
+
+    hits_before = cache.stats.hits
+    binary = cache.get_or_build(key, build)
+    module = function.Module()
+    module.load(binary)  # cuModuleLoadData takes cubin or PTX (which the driver JIT-compiles)
+    return CudaModule(module, kind, cache.stats.hits > hits_before)
+
+
+def _nvrtc_target(cc: int) -> tuple[str, str]:
+    """CuPy's choice: -arch=sm_XX (cubin) when NVRTC knows the device, else compute_XX (PTX)."""
+    from cupy.cuda import compiler
+    try:
+        return compiler._get_arch_for_options_for_nvrtc(str(cc))
+    except AttributeError:  # CuPy internals moved; NVRTC 11.1+ emits cubin for sm_XX
+        return f"-arch=sm_{cc}", "cubin"
+
+
+@functools.lru_cache(maxsize=1)
+def _default_cache() -> KernelCache:
+    return KernelCache()
+
+
+def _compile_failure(source: str, name: str, log: str) -> str:
+    """Keep the failing source on disk so the message can point at it."""
+    folder = Path(tempfile.mkdtemp(prefix="powerfusion-failed-"))
+    path = folder / f"{name}.cu"
+    path.write_text(source)
+    return f"NVRTC rejected generated source {path}:\n{log.strip()}"
+
+
+def compile_check_nvcc(source: str | os.PathLike, arch: str = "sm_80",
+                       options: tuple[str, ...] = ()) -> None:
+    """Compile a .cu file (or source text) to cubin with nvcc; raise CompileError on failure.
+
+    For tests of emitted code on machines without a GPU. `source` is a path to an existing
+    file or the source text itself.
+    """
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found on PATH")
+    with tempfile.TemporaryDirectory(prefix="powerfusion-nvcc-") as tmp:
+        path = Path(source) if _is_existing_file(source) else Path(tmp) / "kernel.cu"
+        if path.parent == Path(tmp):
+            path.write_text(str(source))
+        out = Path(tmp) / "kernel.cubin"
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", *options, "-o", str(out), str(path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            if path.parent == Path(tmp):  # keep the text for the message
+                kept = Path(tempfile.mkdtemp(prefix="powerfusion-failed-")) / "kernel.cu"
+                kept.write_text(str(source))
+                path = kept
+            raise CompileError(f"nvcc ({arch}) rejected {path}:\n{(proc.stderr + proc.stdout).strip()}")
+
+
+def _is_existing_file(source) -> bool:
+    if isinstance(source, os.PathLike):
+        return True
+    return "\n" not in source and len(source) < 4096 and Path(source).is_file()
