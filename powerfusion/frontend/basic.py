@@ -98,6 +98,13 @@ class Gather:
 
 
 @dataclass(frozen=True, slots=True)
+class GatherElements:
+    """numpy.take_along_axis(data, indices, axis) with negative indices wrapped; inputs (data, indices),
+    output shaped like indices (ONNX GatherElements)."""
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
 class Window:
     """Sliding windows for pooling and depthwise conv: input [N, C, *S] ->
     output [N, C, *O, *K], out[n, c, o.., k..] = padded[n, c, o*stride + k*dilation - pad_begin]
@@ -128,8 +135,8 @@ class Conv:
 
 
 OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
-               Window, MatMul, Conv]
-MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, Window)
+               GatherElements, Window, MatMul, Conv]
+MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, GatherElements, Window)
 LIBRARY_OPS = (MatMul, Conv)
 
 

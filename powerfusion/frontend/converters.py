@@ -1,0 +1,98 @@
+"""The table from ONNX op type to converter, and the whole-graph conversion.
+
+A converter takes a NodeCtx and emits basic ops whose final outputs carry the ONNX
+node's output names. CHECKS hold per-op tests of attribute values we do not
+compile; every failing node is collected before conversion starts so that one
+UnsupportedOpError lists them all.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from powerfusion.errors import UnsupportedOpError
+from powerfusion.frontend import ops_elementwise, ops_nn, ops_shape
+from powerfusion.frontend.basic import BasicGraph, TensorInfo
+from powerfusion.frontend.builder import GraphBuilder, NodeCtx
+from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset
+
+CONVERTERS: dict[str, Callable[[NodeCtx], None]] = {
+    **ops_elementwise.CONVERTERS, **ops_shape.CONVERTERS, **ops_nn.CONVERTERS}
+CHECKS: dict[str, Callable[[NodeCtx], str | None]] = {**ops_shape.CHECKS, **ops_nn.CHECKS}
+
+SUPPORTED_DTYPES = {np.dtype(t) for t in ("float32", "float16", "float64", "int64", "int32", "int8", "uint8",
+                                          "bool")} | {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+                                              onnx.TensorProto.BFLOAT16))}
+
+
+def tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
+    g = model.graph
+    infos = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        if all(d.HasField("dim_value") for d in tt.shape.dim) and tt.elem_type:
+            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+            infos[vi.name] = TensorInfo(vi.name, tuple(d.dim_value for d in tt.shape.dim), dt)
+    for t in g.initializer:
+        infos[t.name] = TensorInfo(t.name, tuple(t.dims), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)))
+    return infos
+
+
+def convert_graph(model: onnx.ModelProto) -> BasicGraph:
+    """A folded, shape-inferred ModelProto -> BasicGraph."""
+    g = model.graph
+    opset = default_opset(model)
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    infos = tensor_infos(model)
+    names = {n for node in g.node for n in list(node.input) + list(node.output)} | set(infos)
+    b = GraphBuilder(names)
+    ctxs = [NodeCtx(node, opset, b, consts, infos, i) for i, node in enumerate(g.node)]
+    _check_supported(ctxs)
+    for vi in g.input:
+        b.tensors[vi.name] = infos[vi.name]
+    for cx in ctxs:
+        CONVERTERS[cx.op_type](cx)
+    outputs = []
+    for vi in g.output:
+        if vi.name not in b.tensors and vi.name in consts:  # an output that folded to a constant
+            b.constant(consts[vi.name], name=vi.name)
+        outputs.append(b.tensors[vi.name])
+    return BasicGraph(name=g.name or "model", inputs=[infos[vi.name] for vi in g.input], outputs=outputs,
+                      tensors=b.tensors, constants=b.constants, nodes=b.nodes, opset=opset,
+                      metadata={"producer": model.producer_name, "ir_version": model.ir_version})
+
+
+def _check_supported(ctxs: list[NodeCtx]) -> None:
+    bad = []
+    for cx in ctxs:
+        node = cx.node
+        reason = None
+        if node.domain not in DEFAULT_DOMAINS:
+            reason = f"domain '{node.domain}' is not supported (only the default ONNX domain is)"
+        elif node.op_type not in CONVERTERS:
+            reason = "op type not supported"
+        else:
+            reason = CHECKS[node.op_type](cx) if node.op_type in CHECKS else None
+            if reason is None:
+                reason = _dtype_reason(cx)
+        if reason:
+            bad.append((cx.origin.node, node.op_type, cx.opset, f"{reason}; input shapes {_shapes(cx)}"))
+    if bad:
+        raise UnsupportedOpError(bad)
+
+
+def _dtype_reason(cx: NodeCtx) -> str | None:
+    for name in list(cx.node.input) + list(cx.node.output):
+        info = cx._infos.get(name) if name else None
+        if info is not None and np.dtype(info.dtype) not in SUPPORTED_DTYPES:
+            return f"tensor '{name}' has unsupported dtype {np.dtype(info.dtype).name}"
+    return None
+
+
+def _shapes(cx: NodeCtx):
+    return [cx._infos[n].shape if n in cx._infos else None for n in cx.node.input]

@@ -1,0 +1,124 @@
+"""Constant folding on the ONNX graph, before conversion.
+
+A node whose inputs are all known constants (initializers, folded outputs) is
+evaluated with onnx.reference and replaced by initializers; Shape/Size of a
+tensor with a static inferred shape is a constant too. Folding and shape
+inference alternate until nothing changes, so shape-computing chains
+(Shape -> Gather -> Concat -> Reshape) disappear and Reshape/Expand/Slice... see
+constant shape inputs. Dead nodes and unused initializers are dropped.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from powerfusion.errors import NodeError
+from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset, infer_shapes
+
+# ops whose output differs from run to run: never folded
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+MAX_ROUNDS = 8
+
+
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    # old (IR < 4) models list initializers among the inputs; they are constants here
+    inits = {t.name for t in model.graph.initializer}
+    real = [vi for vi in model.graph.input if vi.name not in inits]
+    if len(real) != len(model.graph.input):
+        del model.graph.input[:]
+        model.graph.input.extend(real)
+    for _ in range(MAX_ROUNDS):
+        model, changed = _fold_once(model)
+        model = _drop_dead(model)
+        if not changed:
+            break
+        model = infer_shapes(model)
+    return model
+
+
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    g = model.graph
+    out = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    for t in g.initializer:
+        out[t.name] = tuple(t.dims)
+    return out
+
+
+def _fold_once(model):
+    g = model.graph
+    opset = default_opset(model)
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    shapes = static_shapes(model)
+    kept, changed = [], False
+    for node in g.node:
+        values = _try_fold(node, consts, shapes, opset)
+        if values is None:
+            kept.append(node)
+            continue
+        changed = True
+        for name, v in zip(node.output, values):
+            if name:
+                consts[name] = np.asarray(v)
+    if not changed:
+        return model, False
+    used = {i for n in kept for i in n.input} | {o.name for o in g.output}
+    old = {t.name for t in g.initializer}
+    new_inits = [t for t in g.initializer if t.name in used]
+    new_inits += [numpy_helper.from_array(v, name) for name, v in consts.items() if name in used and name not in old]
+    del g.node[:]
+    g.node.extend(kept)
+    del g.initializer[:]
+    g.initializer.extend(new_inits)
+    # stale value_info of folded tensors would conflict with the initializers' types
+    keep_vi = [vi for vi in g.value_info if vi.name not in consts]
+    del g.value_info[:]
+    g.value_info.extend(keep_vi)
+    return model, True
+
+
+def _try_fold(node, consts, shapes, opset):
+    if node.domain not in DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC:
+        return None
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return None
+    if node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+        shape = shapes[node.input[0]]
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", None)
+        return [np.array(shape[slice(start, end)], dtype=np.int64)]
+    if not all(i == "" or i in consts for i in node.input):
+        return None
+    feeds = {i: consts[i] for i in node.input if i}
+    try:
+        return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+    except Exception as e:
+        shapes_in = [tuple(np.shape(consts[i])) if i else None for i in node.input]
+        raise NodeError(node.name, node.op_type, opset, shapes_in, f"constant folding failed: {e}") from None
+
+
+def _drop_dead(model):
+    g = model.graph
+    live = {o.name for o in g.output}
+    kept = []
+    for node in reversed(g.node):
+        if any(o in live for o in node.output):
+            kept.append(node)
+            live.update(i for i in node.input if i)
+    kept.reverse()
+    if len(kept) != len(g.node):
+        del g.node[:]
+        g.node.extend(kept)
+    inits = [t for t in g.initializer if t.name in live]
+    if len(inits) != len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(inits)
+    return model

@@ -1,0 +1,160 @@
+"""Load an ONNX model, check it, make every input shape static and infer all shapes.
+
+Opset policy for the default domain:
+  * 11..21 are accepted as they are;
+  * 7..10 are upgraded to opset 11 with onnx.version_converter (old model-zoo
+    files, e.g. the onnx package's `light_*` CNNs, are opset 9);
+  * 22 and above are accepted when every op the model uses has the same
+    definition (schema `since_version`) at the model's opset as at opset 21,
+    so that our opset-21 converters read it correctly; otherwise an error lists
+    the ops that changed.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import onnx
+from onnx import shape_inference
+
+from powerfusion.errors import ModelError
+
+MIN_OPSET, MAX_OPSET = 11, 21
+MIN_UPGRADABLE_OPSET = 7
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+    """Path, bytes or ModelProto -> checked ModelProto with static shapes inferred everywhere."""
+    proto, where = _read(model)
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:  # checker raises ValidationError and friends
+        raise ModelError(f"{where} is not a valid ONNX model: onnx.checker says: {_first_line(e)}") from None
+    proto = _check_opset(proto, where)
+    _fix_input_shapes(proto, shapes or {}, where)
+    return infer_shapes(proto, where)
+
+
+def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.ModelProto:
+    try:
+        return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"shape inference failed on {where}: {_first_line(e)}") from None
+
+
+def default_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return imp.version
+    return 1
+
+
+def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """trtexec syntax: 'x:1x3x224x224,y:4' -> {'x': (1, 3, 224, 224), 'y': (4,)}; 'x:' is a scalar.
+    The split is on the last ':' so names containing ':' still work."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name:
+            raise ModelError(f"bad --shapes entry '{item}': expected NAME:D1xD2x... (e.g. x:1x3x224x224)")
+        if dims and not re.fullmatch(r"\d+(x\d+)*", dims):
+            raise ModelError(f"bad --shapes entry '{item}': dimensions must be positive integers joined by 'x'")
+        shapes[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+    return shapes
+
+
+# ---- helpers ------------------------------------------------------------------------
+
+def _read(model) -> tuple[onnx.ModelProto, str]:
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)  # input shapes are fixed in place: leave the caller's proto alone
+        return copy, f"model '{model.graph.name or 'unnamed'}'"
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as e:
+            raise ModelError(f"the model bytes are not a serialized ONNX model: {_first_line(e)}") from None
+        return proto, "the model bytes"
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise ModelError(f"model file '{path}' does not exist")
+        try:
+            return onnx.load(path), f"model file '{path}'"
+        except Exception as e:
+            raise ModelError(f"model file '{path}' could not be parsed as ONNX: {_first_line(e)}") from None
+    raise ModelError(f"cannot load a model from a {type(model).__name__}; give a path, bytes or onnx.ModelProto")
+
+
+def _check_opset(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    opset = default_opset(proto)
+    if MIN_OPSET <= opset <= MAX_OPSET:
+        return proto
+    if MIN_UPGRADABLE_OPSET <= opset < MIN_OPSET:
+        from onnx import version_converter
+        try:
+            return version_converter.convert_version(proto, MIN_OPSET)
+        except Exception as e:
+            raise ModelError(f"{where} uses opset {opset}; upgrading it to opset {MIN_OPSET} failed "
+                             f"({_first_line(e)}). Supported opsets: {MIN_OPSET}..{MAX_OPSET}.") from None
+    if opset > MAX_OPSET:
+        changed = sorted({n.op_type for n in proto.graph.node
+                          if n.domain in DEFAULT_DOMAINS and _changed_after_max(n.op_type, opset)})
+        if not changed:
+            return proto
+        raise ModelError(f"{where} uses opset {opset}; supported opsets are {MIN_OPSET}..{MAX_OPSET}, and these "
+                         f"ops changed after opset {MAX_OPSET}: {', '.join(changed)}. Export with opset "
+                         f"{MAX_OPSET} or lower (e.g. torch.onnx.export(..., opset_version={MAX_OPSET})).")
+    raise ModelError(f"{where} uses opset {opset}; supported opsets are {MIN_OPSET}..{MAX_OPSET} "
+                     f"({MIN_UPGRADABLE_OPSET}..{MIN_OPSET - 1} are upgraded automatically).")
+
+
+def _changed_after_max(op_type: str, opset: int) -> bool:
+    try:
+        return (onnx.defs.get_schema(op_type, opset).since_version
+                != onnx.defs.get_schema(op_type, MAX_OPSET).since_version)
+    except Exception:  # unknown op: let the converter table report it
+        return False
+
+
+def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str) -> None:
+    g = proto.graph
+    inits = {t.name for t in g.initializer}
+    inputs = {vi.name: vi for vi in g.input if vi.name not in inits}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise ModelError(f"shapes given for unknown input(s) {unknown}; the inputs of {where} are {sorted(inputs)}")
+    for name, vi in inputs.items():
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"input '{name}' of {where} is not a tensor; only tensor inputs are supported")
+        dims = vi.type.tensor_type.shape.dim
+        if name in shapes:
+            want = tuple(int(d) for d in shapes[name])
+            if vi.type.tensor_type.HasField("shape") and len(dims) != len(want):
+                raise ModelError(f"input '{name}' has rank {len(dims)} (shape {_fmt(dims)}) but shapes gives {want}")
+            for d, w in zip(dims, want):
+                if d.HasField("dim_value") and d.dim_value != w:
+                    raise ModelError(f"input '{name}' has static shape {_fmt(dims)} but shapes gives {want}")
+            vi.type.tensor_type.shape.Clear()
+            for w in want:
+                vi.type.tensor_type.shape.dim.add().dim_value = w
+            continue
+        if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            shown = _fmt(dims) if vi.type.tensor_type.HasField("shape") else "(unknown rank)"
+            example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims) or "N"
+            raise ModelError(
+                f"input '{name}' of {where} has a dynamic shape {shown}; give a static one, in Python "
+                f"shapes={{'{name}': ({', '.join(example.split('x'))},)}} or on the command line "
+                f"--shapes {name}:{example} (replace each symbolic N by a number)")
+
+
+def _fmt(dims) -> str:
+    return "(" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims) + ")"
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,135 @@
+"""A reference executor of basic graphs in numpy: one function per basic op kind.
+
+Elementwise ops on fp16/bf16 compute in fp32 and round back (as every backend does);
+reductions on them accumulate in fp32. MatMul/Conv on fp16/bf16 also accumulate in fp32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.errors import FeedError
+from powerfusion.frontend import basic as B
+from powerfusion.scalar import scalar_fn
+
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) if x.dtype.name in LOW_PRECISION else x
+
+
+def run_basic_graph(graph: B.BasicGraph, feeds: dict) -> dict[str, np.ndarray]:
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    for t in graph.inputs:
+        if t.name not in feeds:
+            raise FeedError(f"missing feed for input '{t.name}' (shape {t.shape}, {np.dtype(t.dtype).name})")
+        x = np.asarray(feeds[t.name])
+        if tuple(x.shape) != tuple(t.shape) or x.dtype != np.dtype(t.dtype):
+            raise FeedError(f"input '{t.name}' expects shape {t.shape} and dtype {np.dtype(t.dtype).name}, "
+                            f"got {tuple(x.shape)} {x.dtype.name}")
+        env[t.name] = x
+    for node in graph.nodes:
+        args = [env[i] for i in node.inputs]
+        out = graph.tensors[node.outputs[0]]
+        y = EXECUTORS[type(node.op)](node.op, args, np.dtype(out.dtype))
+        env[node.outputs[0]] = np.asarray(y).astype(out.dtype, copy=False).reshape(out.shape)
+    return {t.name: env[t.name] for t in graph.outputs}
+
+
+def run_elementwise(op: B.Elementwise, args, dtype):
+    fn = scalar_fn(op.fn)
+    with np.errstate(all="ignore"):
+        return fn.numpy(*(_wide(a) for a in args), **dict(op.params)).astype(dtype)
+
+
+def run_reduce(op: B.Reduce, args, dtype):
+    x = _wide(args[0])
+    f = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}[op.fn]
+    return f(x, axis=op.axes, keepdims=op.keepdims).astype(dtype)
+
+
+def run_slice(op: B.Slice, args, dtype):
+    return args[0][tuple(slice(b, e, s) for b, e, s in zip(op.starts, op.stops, op.steps))]
+
+
+def run_pad(op: B.Pad, args, dtype):
+    x = args[0]
+    # negative pads crop first, then numpy pads the rest
+    crop = tuple(slice(max(-b, 0), x.shape[i] - max(-e, 0)) for i, (b, e) in enumerate(zip(op.begins, op.ends)))
+    x = x[crop]
+    widths = [(max(b, 0), max(e, 0)) for b, e in zip(op.begins, op.ends)]
+    if op.mode == "constant":
+        return np.pad(x, widths, mode="constant", constant_values=np.asarray(op.value).astype(x.dtype))
+    return np.pad(x, widths, mode=op.mode)
+
+
+def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
+    """[N, C, *S] -> [N, C, *O, *K] (a copy)."""
+    nsp = len(op.kernel)
+    widths = [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends))
+    fill = np.asarray(op.pad_value).astype(x.dtype) if x.dtype.kind in "fcb" or np.isfinite(op.pad_value) else None
+    if fill is None:  # -inf into an integer tensor: the type's lowest value
+        fill = np.iinfo(x.dtype).min
+    xp = np.pad(x, widths, mode="constant", constant_values=fill)
+    ek = [(k - 1) * d + 1 for k, d in zip(op.kernel, op.dilations)]
+    outs = [(xp.shape[2 + i] - ek[i]) // op.strides[i] + 1 for i in range(nsp)]
+    full = np.lib.stride_tricks.sliding_window_view(xp, ek, axis=tuple(range(2, 2 + nsp)))
+    index = [slice(None), slice(None)]
+    index += [slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, op.strides)]
+    index += [slice(None, None, d) for d in op.dilations]
+    return np.ascontiguousarray(full[tuple(index)])
+
+
+def run_matmul(op: B.MatMul, args, dtype):
+    a, b = (_wide(x) for x in args)
+    if op.trans_a:
+        a = np.swapaxes(a, -1, -2)
+    if op.trans_b:
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b).astype(dtype)
+
+
+def run_conv(op: B.Conv, args, dtype):
+    x, w = _wide(args[0]), _wide(args[1])
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    g = op.group
+    win = B.Window(tuple(w.shape[2:]), op.strides, op.dilations, op.pad_begins, op.pad_ends, 0.0)
+    cols = window_view(x, win)  # [N, C, *O, *K]
+    nsp = len(op.strides)
+    outs = cols.shape[2:2 + nsp]
+    cols = cols.reshape(n, g, cg, -1, int(np.prod(w.shape[2:])))        # [N, G, C/G, O, K]
+    wg = w.reshape(g, m // g, cg, -1)                                     # [G, M/G, C/G, K]
+    y = np.einsum("ngcok,gmck->ngmo", cols, wg, optimize=True).reshape((n, m) + tuple(outs))
+    if len(args) > 2:
+        y = y + _wide(args[2]).reshape((1, m) + (1,) * nsp)
+    return y.astype(dtype)
+
+
+def run_gather_elements(op: B.GatherElements, args, dtype):
+    data, idx = args
+    idx = np.where(idx < 0, idx + data.shape[op.axis], idx)
+    return np.take_along_axis(data, idx, axis=op.axis)
+
+
+def run_gather(op: B.Gather, args, dtype):
+    data, idx = args
+    idx = np.where(idx < 0, idx + data.shape[op.axis], idx)
+    return np.take(data, idx, axis=op.axis)
+
+
+EXECUTORS = {
+    B.Elementwise: run_elementwise,
+    B.Broadcast: lambda op, a, dt: np.broadcast_to(a[0], op.shape),
+    B.Reduce: run_reduce,
+    B.Transpose: lambda op, a, dt: np.transpose(a[0], op.perm),
+    B.Reshape: lambda op, a, dt: a[0].reshape(op.shape),
+    B.Concat: lambda op, a, dt: np.concatenate(a, axis=op.axis),
+    B.Slice: run_slice,
+    B.Pad: run_pad,
+    B.Gather: run_gather,
+    B.GatherElements: run_gather_elements,
+    B.Window: lambda op, a, dt: window_view(a[0], op),
+    B.MatMul: run_matmul,
+    B.Conv: run_conv,
+}

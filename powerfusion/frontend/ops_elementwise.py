@@ -1,0 +1,142 @@
+"""Converters for elementwise ONNX ops (arithmetic, activations, comparisons, logic, casts)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from powerfusion.frontend.builder import NodeCtx
+
+UNARY = {"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log",
+         "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu", "Not": "not", "IsNaN": "isnan"}
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equal", "Less": "less",
+          "Greater": "greater", "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "and",
+          "Or": "or"}
+VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
+
+
+def unary(fn):
+    def convert(cx: NodeCtx):
+        cx.ew(fn, cx.inp(0), out=cx.out())
+    return convert
+
+
+def binary(fn):
+    def convert(cx: NodeCtx):
+        cx.ew(fn, cx.inp(0), cx.inp(1), out=cx.out())
+    return convert
+
+
+def variadic(fn):
+    def convert(cx: NodeCtx):
+        names = [cx.inp(i) for i in range(cx.n_in())]
+        if len(names) == 1:
+            cx.alias(names[0], cx.out())
+            return
+        acc = names[0]
+        for k, n in enumerate(names[1:]):
+            acc = cx.ew(fn, acc, n, out=cx.out() if k == len(names) - 2 else None)
+    return convert
+
+
+def convert_mean(cx: NodeCtx):
+    names = [cx.inp(i) for i in range(cx.n_in())]
+    acc = names[0]
+    for n in names[1:]:
+        acc = cx.ew("add", acc, n)
+    cx.ew("mul", acc, cx.scalar(1.0 / len(names), cx.dtype(0)), out=cx.out())
+
+
+def convert_pow(cx: NodeCtx):
+    x, dt = cx.inp(0), cx.dtype(0)
+    e = cx.const(1)
+    # common exponents become cheaper, more exact ops; the result shape must still broadcast
+    if e is not None and e.size == 1 and np.broadcast_shapes(cx.shape(0), e.shape) == cx.shape(0):
+        v = float(e.reshape(-1)[0])
+        if v == 1.0:
+            cx.alias(x, cx.out())
+            return
+        if v == 2.0:
+            cx.ew("mul", x, x, out=cx.out())
+            return
+        if v == 0.5 and dt.kind == "f":
+            cx.ew("sqrt", x, out=cx.out())
+            return
+    cx.ew("pow", x, cx.cast(cx.inp(1), dt), out=cx.out())
+
+
+def convert_leaky_relu(cx: NodeCtx):
+    cx.ew("leaky_relu", cx.inp(0), out=cx.out(), params=(("alpha", float(cx.attr("alpha", 0.01))),))
+
+
+def convert_hard_sigmoid(cx: NodeCtx):
+    params = (("alpha", float(cx.attr("alpha", 0.2))), ("beta", float(cx.attr("beta", 0.5))))
+    cx.ew("hard_sigmoid", cx.inp(0), out=cx.out(), params=params)
+
+
+def convert_hard_swish(cx: NodeCtx):
+    x = cx.inp(0)
+    hs = cx.ew("hard_sigmoid", x, params=(("alpha", 1.0 / 6.0), ("beta", 0.5)))
+    cx.ew("mul", x, hs, out=cx.out())
+
+
+def convert_clip(cx: NodeCtx):
+    dt = cx.dtype(0)
+    if cx.opset < 11:
+        lo, hi = cx.attr("min", None), cx.attr("max", None)
+    else:
+        lo, hi = _clip_bound(cx, 1), _clip_bound(cx, 2)
+    big = float(np.iinfo(dt).max) if dt.kind in "iu" else math.inf
+    small = float(np.iinfo(dt).min) if dt.kind in "iu" else -math.inf
+    lo = small if lo is None else float(lo)
+    hi = big if hi is None else float(hi)
+    cx.ew("clip", cx.inp(0), out=cx.out(), params=(("lo", lo), ("hi", hi)))
+
+
+def _clip_bound(cx: NodeCtx, i: int):
+    if not cx.has(i):
+        return None
+    v = cx.const(i)
+    if v is None:
+        cx.fail(f"Clip bound input {i} must be a constant (a run-time bound is not supported)")
+    return float(np.asarray(v).reshape(-1)[0])
+
+
+def convert_gelu(cx: NodeCtx):
+    x, dt = cx.inp(0), cx.dtype(0)
+    approx = cx.attr("approximate", "none")
+    if approx == "tanh":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        x3 = cx.ew("mul", cx.ew("mul", x, x), x)
+        inner = cx.ew("add", x, cx.ew("mul", x3, cx.scalar(0.044715, dt)))
+        t = cx.ew("tanh", cx.ew("mul", inner, cx.scalar(math.sqrt(2.0 / math.pi), dt)))
+    elif approx == "none":
+        t = cx.ew("erf", cx.ew("mul", x, cx.scalar(1.0 / math.sqrt(2.0), dt)))
+    else:
+        cx.fail(f"unknown approximate='{approx}' (expected 'none' or 'tanh')")
+    half_x = cx.ew("mul", x, cx.scalar(0.5, dt))
+    cx.ew("mul", half_x, cx.ew("add", t, cx.scalar(1.0, dt)), out=cx.out())
+
+
+def convert_where(cx: NodeCtx):
+    cx.ew("where", cx.inp(0), cx.inp(1), cx.inp(2), out=cx.out())
+
+
+def convert_cast(cx: NodeCtx):
+    to = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(cx.attr("to")))
+    cx.ew("cast", cx.inp(0), out=cx.out(), params=(("to", to),))
+
+
+def convert_identity(cx: NodeCtx):
+    cx.alias(cx.inp(0), cx.out())
+
+
+CONVERTERS = {op: unary(fn) for op, fn in UNARY.items()}
+CONVERTERS.update({op: binary(fn) for op, fn in BINARY.items()})
+CONVERTERS.update({op: variadic(fn) for op, fn in VARIADIC.items()})
+CONVERTERS.update({
+    "Mean": convert_mean, "Pow": convert_pow, "LeakyRelu": convert_leaky_relu, "HardSigmoid": convert_hard_sigmoid,
+    "HardSwish": convert_hard_swish, "Clip": convert_clip, "Gelu": convert_gelu, "Where": convert_where,
+    "Cast": convert_cast, "Identity": convert_identity,
+})

@@ -1,0 +1,340 @@
+"""Converters for reductions and the composite neural-network ops (softmax, normalisations,
+matmul/gemm, conv, pooling, LRN).
+
+fp16/bf16 Softmax, LogSoftmax, LayerNormalization and InstanceNormalization are
+computed in float32 between two casts: their reductions lose too much otherwise.
+Conv is always emitted as a Conv basic op, depthwise included; the partition's cost
+test then puts a depthwise conv (low intensity) in a memory-bound subgraph.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from powerfusion.frontend.basic import Conv, MatMul, Window
+from powerfusion.frontend.builder import NodeCtx
+
+REDUCE = {"ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod", "ReduceMean": "mean",
+          "ReduceSumSquare": "sumsquare", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceLogSumExp": "logsumexp"}
+LOW_PRECISION = ("float16", "bfloat16")
+
+
+def _upcast(cx: NodeCtx, name: str) -> str:
+    return cx.cast(name, np.float32) if cx.info(name).dtype.name in LOW_PRECISION else name
+
+
+def _finish(cx: NodeCtx, name: str, dtype, out: str):
+    """Cast back to the node's dtype (if computed in fp32) under the ONNX output name."""
+    if cx.info(name).dtype != np.dtype(dtype):
+        cx.cast(name, dtype, out=out)
+    else:
+        cx.alias(name, out)
+
+
+def _div_by(cx: NodeCtx, name: str, n: int, out=None) -> str:
+    dt = cx.info(name).dtype
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return cx.ew("mul", name, cx.scalar(1.0 / n, dt), out=out)
+    return cx.ew("div", name, cx.scalar(n, dt), out=out)
+
+
+# ---- reductions ---------------------------------------------------------------------
+
+def convert_reduce(cx: NodeCtx):
+    kind = REDUCE[cx.op_type]
+    rank = len(cx.shape(0))
+    since = 13 if cx.op_type == "ReduceSum" else 18
+    axes = cx.const_ints(1, "axes") if cx.opset >= since else cx.attr("axes", None)
+    keep = bool(cx.attr("keepdims", 1))
+    x = cx.inp(0)
+    if not axes:
+        if cx.attr("noop_with_empty_axes", 0):
+            cx.alias(x, cx.out())
+            return
+        axes = list(range(rank))
+    axes = [cx.axis(a, rank) for a in axes]
+    out = cx.out()
+    if kind in ("sum", "max", "min", "prod"):
+        cx.reduce(kind, x, axes, keep, out=out)
+    elif kind == "mean":
+        n = int(np.prod([cx.shape(0)[a] for a in set(axes)], dtype=np.int64))
+        _div_by(cx, cx.reduce("sum", x, axes, keep), n, out=out)
+    elif kind == "sumsquare":
+        cx.reduce("sum", cx.ew("mul", x, x), axes, keep, out=out)
+    elif kind == "l1":
+        cx.reduce("sum", cx.ew("abs", x), axes, keep, out=out)
+    elif kind == "l2":
+        cx.ew("sqrt", cx.reduce("sum", cx.ew("mul", x, x), axes, keep), out=out)
+    else:  # logsumexp, stabilised by the max
+        m = cx.reduce("max", x, axes, True)
+        s = cx.reduce("sum", cx.ew("exp", cx.ew("sub", x, m)), axes, keep)
+        m_out = m if keep else cx.reshape(m, cx.info(s).shape)
+        cx.ew("add", cx.ew("log", s), m_out, out=out)
+
+
+def convert_softmax(cx: NodeCtx, log: bool = False):
+    shape, dt = cx.shape(0), cx.dtype(0)
+    axis = cx.axis(cx.attr("axis", -1 if cx.opset >= 13 else 1), len(shape))
+    # before opset 13 the input is coerced to 2-D at `axis`: the same as reducing all trailing axes
+    axes = [axis] if cx.opset >= 13 else list(range(axis, len(shape)))
+    x = _upcast(cx, cx.inp(0))
+    d = cx.ew("sub", x, cx.reduce("max", x, axes, True))
+    e = cx.ew("exp", d)
+    s = cx.reduce("sum", e, axes, True)
+    y = cx.ew("sub", d, cx.ew("log", s)) if log else cx.ew("div", e, s)
+    _finish(cx, y, dt, cx.out())
+
+
+def convert_log_softmax(cx: NodeCtx):
+    convert_softmax(cx, log=True)
+
+
+# ---- normalisations -------------------------------------------------------------------
+
+def _normalize(cx: NodeCtx, x: str, axes, eps: float):
+    """(x - mean) * rsqrt(var + eps), plus mean and the inverse std (keepdims)."""
+    n = int(np.prod([cx.info(x).shape[a] for a in axes], dtype=np.int64))
+    mean = _div_by(cx, cx.reduce("sum", x, axes, True), n)
+    d = cx.ew("sub", x, mean)
+    var = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
+    inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, cx.info(x).dtype)))
+    return cx.ew("mul", d, inv), mean, inv
+
+
+def convert_layer_norm(cx: NodeCtx):
+    shape, dt = cx.shape(0), cx.dtype(0)
+    axis = cx.axis(cx.attr("axis", -1), len(shape))
+    axes = list(range(axis, len(shape)))
+    x = _upcast(cx, cx.inp(0))
+    y, mean, inv = _normalize(cx, x, axes, float(cx.attr("epsilon", 1e-5)))
+    y = cx.ew("mul", y, _upcast(cx, cx.inp(1)))
+    if cx.has(2):
+        y = cx.ew("add", y, _upcast(cx, cx.inp(2)))
+    _finish(cx, y, dt, cx.out(0))
+    for i, t in ((1, mean), (2, inv)):
+        if cx.out(i):
+            want = cx.out_info(i).dtype if cx.out_info(i) else np.float32
+            _finish(cx, t, want, cx.out(i))
+
+
+def _per_channel(cx: NodeCtx, name: str, rank: int) -> str:
+    """[C] -> [C, 1, ..., 1] so that it broadcasts against [N, C, *S]."""
+    return cx.reshape(name, (cx.info(name).size,) + (1,) * (rank - 2))
+
+
+def convert_instance_norm(cx: NodeCtx):
+    shape, dt = cx.shape(0), cx.dtype(0)
+    x = _upcast(cx, cx.inp(0))
+    y, _, _ = _normalize(cx, x, list(range(2, len(shape))), float(cx.attr("epsilon", 1e-5)))
+    y = cx.ew("mul", y, _per_channel(cx, _upcast(cx, cx.inp(1)), len(shape)))
+    y = cx.ew("add", y, _per_channel(cx, _upcast(cx, cx.inp(2)), len(shape)))
+    _finish(cx, y, dt, cx.out())
+
+
+def batch_norm_unsupported(cx: NodeCtx) -> str | None:
+    if cx.attr("training_mode", 0) or any(cx.out(i) for i in range(1, len(cx.node.output))):
+        return "BatchNormalization in training mode (or with running-statistics outputs) is not supported"
+    return None
+
+
+def convert_batch_norm(cx: NodeCtx):
+    shape, dt = cx.shape(0), cx.dtype(0)
+    eps = float(cx.attr("epsilon", 1e-5))
+    params = [cx.const(i) for i in range(1, 5)]
+    if all(p is not None for p in params):
+        # inference: fold into one scale and one shift per channel
+        gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)
+        scale = gamma / np.sqrt(var + eps)
+        shift = beta - mean * scale
+        s = _per_channel(cx, cx.b.constant(scale.astype(dt), hint="bn_scale"), len(shape))
+        t = _per_channel(cx, cx.b.constant(shift.astype(dt), hint="bn_shift"), len(shape))
+    else:
+        gamma, beta, mean, var = (_per_channel(cx, cx.inp(i), len(shape)) for i in range(1, 5))
+        s = cx.ew("mul", gamma, cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, cx.info(var).dtype))))
+        t = cx.ew("sub", beta, cx.ew("mul", mean, s))
+        s, t = cx.cast(s, dt), cx.cast(t, dt)
+    cx.ew("add", cx.ew("mul", cx.inp(0), s), t, out=cx.out())
+
+
+def convert_lrn(cx: NodeCtx):
+    shape, dt = cx.shape(0), cx.dtype(0)
+    size = int(cx.attr("size"))
+    alpha, beta, bias = float(cx.attr("alpha", 1e-4)), float(cx.attr("beta", 0.75)), float(cx.attr("bias", 1.0))
+    x = cx.inp(0)
+    n, c = shape[0], shape[1]
+    rest = int(np.prod(shape[2:], dtype=np.int64))
+    # a window of `size` channels: view [N, C, S] as [N, 1, C, S] and slide along C
+    sq = cx.reshape(cx.ew("mul", x, x), (n, 1, c, rest))
+    win = Window((size, 1), (1, 1), (1, 1), ((size - 1) // 2, 0), (size - 1 - (size - 1) // 2, 0))
+    w = cx.emit(win, [sq], (n, 1, c, rest, size, 1), dt)
+    s = cx.reshape(cx.reduce("sum", w, (4, 5), False), shape)
+    denom = cx.ew("add", cx.ew("mul", s, cx.scalar(alpha / size, dt)), cx.scalar(bias, dt))
+    cx.ew("div", x, cx.ew("pow", denom, cx.scalar(beta, dt)), out=cx.out())
+
+
+# ---- matmul, gemm, conv ---------------------------------------------------------------
+
+def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None) -> str:
+    sa, sb = list(cx.info(a).shape), list(cx.info(b).shape)
+    if len(sa) == 1 or len(sb) == 1:
+        # numpy's 1-D promotion, made explicit so the library op always sees matrices
+        a2 = cx.reshape(a, [1] + sa) if len(sa) == 1 else a
+        b2 = cx.reshape(b, sb + [1]) if len(sb) == 1 else b
+        r = matmul(cx, a2, b2, trans_a, trans_b)
+        shape = list(cx.info(r).shape)
+        if len(sa) == 1:
+            del shape[-2]
+        if len(sb) == 1:
+            del shape[-1]
+        return cx.reshape(r, shape, out=out)
+    m, k = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
+    k2, n = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
+    if k != k2:
+        cx.fail(f"inner dimensions differ: {tuple(sa)} x {tuple(sb)}")
+    try:
+        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    except ValueError:
+        cx.fail(f"batch dimensions of {tuple(sa)} and {tuple(sb)} do not broadcast")
+    return cx.emit(MatMul(trans_a, trans_b), [a, b], tuple(batch) + (m, n), cx.info(a).dtype, out)
+
+
+def convert_matmul(cx: NodeCtx):
+    matmul(cx, cx.inp(0), cx.inp(1), out=cx.out())
+
+
+def convert_gemm(cx: NodeCtx):
+    alpha, beta = float(cx.attr("alpha", 1.0)), float(cx.attr("beta", 1.0))
+    dt = cx.dtype(0)
+    has_c = cx.has(2) and beta != 0.0
+    y = matmul(cx, cx.inp(0), cx.inp(1), bool(cx.attr("transA", 0)), bool(cx.attr("transB", 0)),
+               out=None if (alpha != 1.0 or has_c) else cx.out())
+    if alpha != 1.0:
+        y = cx.ew("mul", y, cx.scalar(alpha, dt), out=None if has_c else cx.out())
+    if has_c:
+        c = cx.const(2)
+        if c is not None and beta != 1.0:
+            c_name = cx.b.constant((np.asarray(c, dtype=np.float64) * beta).astype(dt), hint="gemm_c")
+        elif beta != 1.0:
+            c_name = cx.ew("mul", cx.inp(2), cx.scalar(beta, dt))
+        else:
+            c_name = cx.inp(2)
+        cx.ew("add", y, c_name, out=cx.out())
+
+
+def window_geometry(cx: NodeCtx, spatial, kernel, strides, dilations, ceil_mode=False):
+    """Explicit (pad_begins, pad_ends, output sizes) for Conv and pooling, auto_pad included.
+    With ceil_mode the last window may run past the end padding; pad_ends grows to cover it."""
+    auto = cx.attr("auto_pad", "NOTSET")
+    pads = cx.attr("pads", None) or [0] * (2 * len(spatial))
+    begins, ends, outs = [], [], []
+    for i, (s, k, st, d) in enumerate(zip(spatial, kernel, strides, dilations)):
+        ek = (k - 1) * d + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-s // st)
+            total = max((o - 1) * st + ek - s, 0)
+            b = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            e = total - b
+        elif auto == "VALID":
+            b, e, o = 0, 0, (s - ek) // st + 1
+        elif auto == "NOTSET":
+            b, e = pads[i], pads[i + len(spatial)]
+            span = s + b + e - ek
+            o = (-(-span // st) if ceil_mode else span // st) + 1
+            if ceil_mode and (o - 1) * st >= s + b:
+                o -= 1  # a window may not start inside the end padding
+            e += max((o - 1) * st + ek - (s + b + e), 0)
+        else:
+            cx.fail(f"unknown auto_pad '{auto}'")
+        if o <= 0:
+            cx.fail(f"spatial size {s} is too small for kernel {k} (dilation {d}, padding {b}+{e})")
+        begins.append(b), ends.append(e), outs.append(o)
+    return tuple(begins), tuple(ends), tuple(outs)
+
+
+def convert_conv(cx: NodeCtx):
+    xs, ws = cx.shape(0), cx.shape(1)
+    nsp = len(xs) - 2
+    group = int(cx.attr("group", 1))
+    kernel = tuple(cx.attr("kernel_shape", None) or ws[2:])
+    strides = tuple(cx.attr("strides", None) or [1] * nsp)
+    dil = tuple(cx.attr("dilations", None) or [1] * nsp)
+    if xs[1] != ws[1] * group or ws[0] % group:
+        cx.fail(f"input channels {xs[1]} / weight {ws} do not match group={group}")
+    begins, ends, outs = window_geometry(cx, xs[2:], kernel, strides, dil)
+    inputs = [cx.inp(0), cx.inp(1)] + ([cx.inp(2)] if cx.has(2) else [])
+    cx.emit(Conv(strides, begins, ends, dil, group), inputs, (xs[0], ws[0]) + outs, cx.dtype(0), out=cx.out())
+
+
+# ---- pooling ----------------------------------------------------------------------------
+
+def _pool_window(cx: NodeCtx, pad_value: float):
+    xs = cx.shape(0)
+    nsp = len(xs) - 2
+    kernel = tuple(cx.attr("kernel_shape"))
+    strides = tuple(cx.attr("strides", None) or [1] * nsp)
+    dil = tuple(cx.attr("dilations", None) or [1] * nsp)
+    begins, ends, outs = window_geometry(cx, xs[2:], kernel, strides, dil, bool(cx.attr("ceil_mode", 0)))
+    win = Window(kernel, strides, dil, begins, ends, pad_value)
+    w = cx.emit(win, [cx.inp(0)], xs[:2] + outs + kernel, cx.dtype(0))
+    return w, win, outs
+
+
+def maxpool_unsupported(cx: NodeCtx) -> str | None:
+    return "MaxPool's Indices output is not supported" if cx.out(1) else None
+
+
+def convert_maxpool(cx: NodeCtx):
+    dt = cx.dtype(0)
+    low = float(np.iinfo(dt).min) if dt.kind in "iu" else -math.inf
+    w, _, outs = _pool_window(cx, low)
+    nsp = len(outs)
+    cx.reduce("max", w, range(2 + nsp, 2 + 2 * nsp), False, out=cx.out())
+
+
+def convert_avgpool(cx: NodeCtx):
+    xs, dt = cx.shape(0), cx.dtype(0)
+    w, win, outs = _pool_window(cx, 0.0)
+    nsp = len(outs)
+    s = cx.reduce("sum", w, range(2 + nsp, 2 + 2 * nsp), False)
+    count = _pool_counts(xs[2:], win, cx.attr("pads", None), bool(cx.attr("count_include_pad", 0)))
+    if np.all(count == count.reshape(-1)[0]):
+        cx.ew("mul", s, cx.scalar(1.0 / count.reshape(-1)[0], dt), out=cx.out())
+    else:
+        cx.ew("mul", s, cx.b.constant((1.0 / count).astype(dt), hint="pool_inv_count"), out=cx.out())
+
+
+def _pool_counts(spatial, win: Window, pads, include_pad: bool) -> np.ndarray:
+    """How many positions each output window averages: real inputs, plus the explicit
+    `pads` when count_include_pad (never the extra end padding added for ceil_mode or auto_pad)."""
+    from powerfusion.frontend.numpy_exec import window_view
+    mask = np.ones(spatial, dtype=np.float64)
+    begins, ends = win.pad_begins, win.pad_ends
+    if include_pad and pads:
+        explicit = [(pads[i], pads[i + len(spatial)]) for i in range(len(spatial))]
+        mask = np.pad(mask, explicit, constant_values=1.0)
+        begins = tuple(b - e[0] for b, e in zip(begins, explicit))
+        ends = tuple(b - e[1] for b, e in zip(ends, explicit))
+    inner = Window(win.kernel, win.strides, win.dilations, begins, ends, 0.0)
+    view = window_view(mask[None, None], inner)[0, 0]
+    return view.reshape(view.shape[:len(spatial)] + (-1,)).sum(axis=-1)
+
+
+def convert_global_pool(cx: NodeCtx):
+    xs = cx.shape(0)
+    axes = list(range(2, len(xs)))
+    if cx.op_type == "GlobalMaxPool":
+        cx.reduce("max", cx.inp(0), axes, True, out=cx.out())
+        return
+    n = int(np.prod(xs[2:], dtype=np.int64))
+    _div_by(cx, cx.reduce("sum", cx.inp(0), axes, True), n, out=cx.out())
+
+
+CONVERTERS = {op: convert_reduce for op in REDUCE}
+CONVERTERS.update({
+    "Softmax": convert_softmax, "LogSoftmax": convert_log_softmax, "LayerNormalization": convert_layer_norm,
+    "InstanceNormalization": convert_instance_norm, "BatchNormalization": convert_batch_norm, "LRN": convert_lrn,
+    "MatMul": convert_matmul, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
+    "AveragePool": convert_avgpool, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
+})
+CHECKS = {"BatchNormalization": batch_norm_unsupported, "MaxPool": maxpool_unsupported}
