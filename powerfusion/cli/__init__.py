@@ -1,12 +1,14 @@
 """The `powerfusion` command line.
 
-Subcommands come from one table, name -> module. A module that defines
+Subcommands come from one table, name -> module; registering one is one line there.
+The module either defines
 
     HELP = "one line for --help"
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def main(args: argparse.Namespace) -> int: ...
 
-is registered with one line in SUBCOMMANDS. Modules listed there but not importable yet
+or `register(subparsers)`, which adds its own parser(s) and sets `func(args) -> int`
+through `set_defaults`. Modules listed there but not importable yet
 (their owner has not written them) are left out of the parser, so the table may name
 planned commands.
 
@@ -27,7 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compile": "powerfusion.cli.cmd_compile",
     "bench": "powerfusion.cli.cmd_bench",
     "viz": "powerfusion.cli.cmd_viz",
-    "cache": "powerfusion.cli.cmd_cache",
+    "cache": "powerfusion.runtime.cli_cache",
 }
 
 USER_ERROR = 2
@@ -57,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         module = _load(module_name)
         if module is None:
             continue
+        if hasattr(module, "register"):
+            module.register(sub)
+            continue
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_main=module.main)
+        p.set_defaults(func=module.main)
     return parser
 
 
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "_main", None):
+    if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return USER_ERROR
     verbose = 0 if args.quiet else max(options.current().verbose, 1 + args.verbose)
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         changes["cache_dir"] = args.cache_dir
     try:
         with options.context(**changes):
-            return int(args._main(args) or 0)
+            return int(args.func(args) or 0)
     except PowerFusionError as e:
         return _user_error(args.command, str(e))
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:

@@ -97,6 +97,9 @@ def _run_onnxruntime(proto, feeds, names) -> dict[str, np.ndarray]:
         import onnxruntime as ort
     except ImportError:
         raise PowerFusionError("compare needs onnxruntime: python3 -m pip install onnxruntime") from None
+    from onnx import helper
+    # onnx may stamp an IR version newer than onnxruntime reads; the opsets fix the one needed
+    proto.ir_version = min(proto.ir_version, helper.find_min_ir_version_for(list(proto.opset_import), True))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     try:
