@@ -202,6 +202,7 @@ def render_c(e: Expr, names: Mapping[str, str] | None = None, load: Callable[[st
     """C source for an expression over non-negative operands (C's / and % then equal floor ones).
     `names` maps variables to C identifiers; `load(buffer, index_src)` renders a Load."""
     names = names or {}
+    if hasattr(e, "text"): return e.text  # a renderer's raw C fragment
     if isinstance(e, Const): return str(e.value)
     if isinstance(e, Var): return names.get(e.name, e.name)
     if isinstance(e, BinOp):

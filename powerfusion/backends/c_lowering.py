@@ -1,0 +1,376 @@
+"""Lowering of one kernel's gOperators to C lines (the instruction mapping of c_renderer).
+
+Each gOperator kind has one method `_<kind>` that returns its lines; adding a kind
+touches this table only (INSTRUCTIONS at the bottom)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
+from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
+from powerfusion.gir.interpreter import np_dtype
+
+_IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-INFINITY)", "min": "(INFINITY)"}
+_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+
+
+@dataclass(frozen=True)
+class RegLayout:
+    """How one REGISTER buffer is spread over the lanes of its unit."""
+    width: int
+    vec: int
+    replicated: bool
+    slots: int  # per lane
+
+
+class KernelLowering:
+    def __init__(self, renderer, graph: GIRGraph, ops: tuple[GOp, ...], name: str):
+        self.r, self.graph, self.ops, self.name = renderer, graph, ops, name
+        self.P = graph.parallel
+        from powerfusion.backends.c_renderer import sanitize
+        self.sanitize = sanitize
+        self.reg = self._register_layouts()
+        self.smem_offsets, self.shared_bytes = self._shared_layout()
+
+    # ---- layouts ------------------------------------------------------------------
+    def _register_layouts(self) -> dict[str, RegLayout]:
+        out: dict[str, RegLayout] = {}
+        L = self.r.lanes
+        for op in self.ops:
+            for s in op.inputs + op.outputs:
+                if s.level != Level.REGISTER:
+                    continue
+                if s.index != I * s.width + J and not (s.num == 1 and s.index == J) and not (s.width == 1 and s.index == I):
+                    raise _err(f"register slice {s.describe()} of '{op.describe()}' is not in identity layout")
+                buf = self.graph.buffer(s.buffer)
+                if s.width == 1:
+                    lay = RegLayout(1, 1, True, buf.size)
+                else:
+                    if s.width % (L * s.vec):
+                        raise _err(f"register slice {s.describe()} width {s.width} is not a multiple of "
+                                   f"lanes x vec = {L}x{s.vec}")
+                    lay = RegLayout(s.width, s.vec, False, -(-buf.size // s.width) * (s.width // L))
+                prev = out.get(s.buffer)
+                if prev and prev != lay:
+                    raise _err(f"register buffer '{s.buffer}' is used with two layouts: {prev} and {lay}")
+                out[s.buffer] = lay
+        return out
+
+    def _shared_layout(self):
+        offs, total = {}, 0
+        for op in self.ops:
+            for s in op.inputs + op.outputs:
+                if s.level == Level.SHARED and s.buffer not in offs:
+                    b = self.graph.buffer(s.buffer)
+                    total = -(-total // 16) * 16
+                    offs[s.buffer] = total
+                    total += b.size * np_dtype(b.dtype).itemsize
+        return offs, total
+
+    # ---- names ----------------------------------------------------------------------
+    def ptr(self, buf: str) -> str:
+        return "p_" + self.sanitize(buf)
+
+    def ref(self, s: MemorySlice, addr: str) -> str:
+        if s.level == Level.GLOBAL:
+            return f"{self.ptr(s.buffer)}[{addr}]"
+        if s.level == Level.SHARED:
+            return f"s_{self.sanitize(s.buffer)}[{addr}]"
+        return f"r_{self.sanitize(s.buffer)}[{addr}]"
+
+    def expr(self, e: Expr) -> str:
+        return render_c(e, {"u": "u", "i": "i", "j": "j"},
+                        load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])")
+
+    def dtype(self, s: MemorySlice) -> str:
+        return self.graph.buffer(s.buffer).dtype
+
+    # ---- element iteration ----------------------------------------------------------
+    def _lane_loop(self, s: MemorySlice, body: list[str]) -> list[str]:
+        """Loops over the elements (i, j) of slice s that this lane handles; defines i, j and,
+        for register slices, `slot`."""
+        L = self.r.lanes
+        if s.level == Level.REGISTER:
+            lay = self.reg[s.buffer]
+            if lay.replicated:
+                return [f"#pragma unroll", f"for (int i = 0; i < {s.num}; ++i) {{ const int j = 0; const int slot = i;",
+                        *["  " + b for b in body], "}"]
+            per = s.width // (L * lay.vec)
+            return [f"#pragma unroll", f"for (int i = 0; i < {s.num}; ++i)", "#pragma unroll",
+                    f"for (int c = 0; c < {per}; ++c)", "#pragma unroll", f"for (int v = 0; v < {lay.vec}; ++v) {{",
+                    f"  const int j = (c * {L} + lane) * {lay.vec} + v;",
+                    f"  const int slot = i * {s.width // L} + c * {lay.vec} + v;", *["  " + b for b in body], "}"]
+        vec = s.vec
+        return [f"for (int i = 0; i < {s.num}; ++i)",
+                f"for (int j0 = lane * {vec}; j0 < {s.width}; j0 += {L * vec})", "#pragma unroll",
+                f"for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; if (j < {s.width}) {{",
+                *["  " + b for b in body], "}}"]
+
+    def _addr_in(self, s: MemorySlice, other: MemorySlice) -> str:
+        """Address in `s` of the element with the same row-major position as (i, j) of `other`."""
+        if s.num == other.num and s.width == other.width:
+            return self.expr(s.index)
+        k = f"((idx_t)i * {other.width} + j)"
+        e = substitute(s.index, {"i": _Raw(f"({k} / {s.width})"), "j": _Raw(f"({k} % {s.width})")})
+        return self.expr(e)
+
+    def _valid(self, s: MemorySlice) -> str | None:
+        return None if s.valid is None else self.expr(s.valid)
+
+    # ---- gOperator kinds -------------------------------------------------------------
+    def _move(self, op: GOp) -> list[str]:
+        (src,), (dst,) = op.inputs, op.outputs
+        if src.level == Level.REGISTER and dst.level == Level.REGISTER:
+            if self.reg[src.buffer] != self.reg[dst.buffer] or src.count != dst.count:
+                raise _err(f"register move between layouts needs a WARP exchange: {op.describe()}")
+        fast = self._vector_move(op)
+        if fast:
+            return fast
+        # iterate over the elements this lane owns: the register side decides, else the source
+        lead = src if src.level == Level.REGISTER or dst.level != Level.REGISTER else dst
+        sdt, ddt = self.dtype(src), self.dtype(dst)
+
+        def addr(s: MemorySlice) -> str:
+            if s.level == Level.REGISTER:
+                return "slot"
+            return self.expr(s.index) if s is lead else self._addr_in(s, lead)
+
+        val = self.r.convert(self.ref(src, addr(src)), sdt, ddt)
+        sv, dv = self._valid(src), self._valid(dst)
+        if sv:
+            val = f"({sv}) ? {val} : {self.r.convert(_fill_literal(src.fill, sdt), sdt, ddt)}"
+        store = f"{self.ref(dst, addr(dst))} = {val};"
+        lines = self._lane_loop(lead, [f"if ({dv}) {store}" if dv else store])
+        if lead.level == Level.REGISTER and self.reg[lead.buffer].replicated and dst.level != Level.REGISTER:
+            lines = ["if (lane == 0) {", *lines, "}"]  # a replicated value is stored once
+        return lines
+
+    def _vector_move(self, op: GOp) -> list[str] | None:
+        """16/8/4-byte accesses between a contiguous aligned global slice and registers."""
+        (src,), (dst,) = op.inputs, op.outputs
+        glob, reg = (src, dst) if src.level == Level.GLOBAL else (dst, src)
+        if not (glob.level == Level.GLOBAL and reg.level == Level.REGISTER):
+            return None
+        lay = self.reg[reg.buffer]
+        vec = glob.vec
+        nbytes = vec * np_dtype(self.dtype(glob)).itemsize
+        if lay.replicated or vec != lay.vec or nbytes not in self.r.vector_type or vec == 1:
+            return None
+        if glob.num != reg.num or glob.width != reg.width or not _aligned(glob.index, vec):
+            return None
+        L = self.r.lanes
+        gdt, rdt = self.dtype(glob), self.dtype(reg)
+        vt = self.r.vector_type[nbytes]
+        per = glob.width // (L * vec)
+        gv = self._valid(glob)
+        gaddr = self.expr(substitute(glob.index, {"j": _Raw("j0")}))
+        lines = ["#pragma unroll", f"for (int i = 0; i < {glob.num}; ++i)", "#pragma unroll",
+                 f"for (int c = 0; c < {per}; ++c) {{",
+                 f"  const int j0 = (c * {L} + lane) * {vec}; const int slot0 = i * {glob.width // L} + c * {vec};",
+                 f"  const idx_t a0 = {gaddr};"]
+        ok = "true"
+        if gv:
+            lines.append(f"  bool ok = true;")
+            lines.append(f"  #pragma unroll")
+            lines.append(f"  for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; ok = ok && ({gv}); }}")
+            ok = "ok"
+        gt = self.r.ctype[gdt]
+        if glob is src:
+            fill = self.r.convert(_fill_literal(src.fill, gdt), gdt, rdt)
+            lines += [f"  if ({ok}) {{ {gt} t[{vec}]; *reinterpret_cast<{vt}*>(t) = "
+                      f"*reinterpret_cast<const {vt}*>(&{self.ptr(glob.buffer)}[a0]);",
+                      f"    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "
+                      f"{self.ref(reg, 'slot0 + v')} = {self.r.convert('t[v]', gdt, rdt)}; }}"]
+            if gv:
+                elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
+                lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; "
+                          f"{self.ref(reg, 'slot0 + v')} = ({gv}) ? "
+                          f"{self.r.convert(f'{self.ptr(glob.buffer)}[{elem}]', gdt, rdt)} : {fill}; }} }}"]
+        else:
+            lines += [f"  if ({ok}) {{ {gt} t[{vec}];", f"    #pragma unroll",
+                      f"    for (int v = 0; v < {vec}; ++v) t[v] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)};",
+                      f"    *reinterpret_cast<{vt}*>(&{self.ptr(glob.buffer)}[a0]) = *reinterpret_cast<{vt}*>(t); }}"]
+            if gv:
+                elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
+                lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; if ({gv}) "
+                          f"{self.ptr(glob.buffer)}[{elem}] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)}; }} }}"]
+        lines.append("}")
+        return lines
+
+    def _elementwise(self, op: GOp) -> list[str]:
+        out = op.outputs[0]
+        for s in op.inputs:
+            if s.level != Level.REGISTER or self.reg[s.buffer] != self.reg[out.buffer] or s.count != out.count:
+                raise _err(f"elementwise operands must share the output's register layout: {op.describe()}")
+        odt = self.dtype(out)
+        operands = []
+        for s in op.inputs:
+            dt = self.dtype(s)
+            ref = self.ref(s, "slot")
+            operands.append(self.r.convert(ref, dt, "float32") if dt in ("float16", "bfloat16") else ref)
+        val = self.r.scalar(op.args.fn, dict(op.args.params), operands, odt)
+        return self._lane_loop(out, [f"{self.ref(out, 'slot')} = {val};"])
+
+    def _reduce(self, op: GOp) -> list[str]:
+        (src,), (dst,) = op.inputs, op.outputs
+        fn = op.args.fn
+        comb = _COMBINE[fn]
+        lay = self.reg[src.buffer]
+        L = self.r.lanes
+        sv = self._valid(src)
+        if op.args.over == "width":
+            if lay.replicated:
+                return self._lane_loop(dst, [f"{self.ref(dst, 'slot')} = {self.ref(src, 'slot')};"])
+            per = src.width // (L * lay.vec)
+            take = comb.format(a="acc", b=self.ref(src, "slot"))
+            upd = f"if ({sv}) acc = {take};" if sv else f"acc = {take};"
+            lines = ["#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) {{", f"  float acc = {_IDENTITY[fn]};",
+                     "  #pragma unroll", f"  for (int c = 0; c < {per}; ++c)", "  #pragma unroll",
+                     f"  for (int v = 0; v < {lay.vec}; ++v) {{ const int j = (c * {L} + lane) * {lay.vec} + v; "
+                     f"const int slot = i * {src.width // L} + c * {lay.vec} + v; {upd} }}"]
+            m = L // 2
+            while m >= 1:
+                lines.append(f"  acc = {comb.format(a='acc', b=self.r.shfl_xor('acc', m))};")
+                m //= 2
+            lines += [f"  {self.ref(dst, 'i')} = acc;", "}"]
+            return lines
+        # over num: each lane combines its own slots down the segments
+        if lay.replicated:
+            inner = [f"acc = {comb.format(a='acc', b=self.ref(src, 'i'))};"]
+            return [f"{{ float acc = {_IDENTITY[fn]};", "#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) "
+                    + (f"{{ const int j = 0; if ({sv}) {inner[0]} }}" if sv else inner[0]),
+                    f"{self.ref(dst, '0')} = acc; }}"]
+        per = src.width // L
+        body = f"acc = {comb.format(a='acc', b=self.ref(src, f'i * {per} + s'))};"
+        if sv:
+            body = (f"{{ const int j = ((s / {lay.vec}) * {L} + lane) * {lay.vec} + s % {lay.vec}; "
+                    f"if ({sv}) {body} }}")
+        return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ float acc = {_IDENTITY[fn]};",
+                "  #pragma unroll", f"  for (int i = 0; i < {src.num}; ++i) {body}",
+                f"  {self.ref(dst, 's')} = acc; }}"]
+
+    def _broadcast(self, op: GOp) -> list[str]:
+        (src,), (dst,) = op.inputs, op.outputs
+        per = dst.width // self.r.lanes if not self.reg[dst.buffer].replicated else 1
+        if op.args.over == "width":
+            return self._lane_loop(dst, [f"{self.ref(dst, 'slot')} = {self.ref(src, 'i')};"])
+        return self._lane_loop(dst, [f"{self.ref(dst, 'slot')} = {self.ref(src, f'slot % {per}')};"])
+
+    def _sync(self, op: GOp) -> list[str]:
+        scope = op.args.scope
+        if scope == Scope.LANE:
+            return []
+        if scope == Scope.WARP:
+            return [f"{self.r.warp_sync};"]
+        if scope == Scope.BLOCK:
+            return [f"{self.r.barrier};"]
+        raise _err("a DEVICE sync inside a kernel (kernels are split at DEVICE syncs)")
+
+    # ---- assembly -------------------------------------------------------------------------
+    def render(self):
+        from powerfusion.backends.c_renderer import KernelSource
+        body = []
+        for op in self.ops:
+            lines = INSTRUCTIONS[type(op.args)](self, op)
+            if not lines:
+                continue
+            guard = "unit_live" + (f" && ({self.expr(op.guard)})" if op.guard is not None else "")
+            body.append(f"// gop {op.uid}: {op.describe()}")
+            if isinstance(op.args, Sync):
+                body += lines
+            else:
+                body += [f"if ({guard}) {{", *["  " + x for x in lines], "}"]
+        decls = []
+        for buf, lay in self.reg.items():
+            b = self.graph.buffer(buf)
+            decls.append(f"{self.r.ctype[b.dtype]} r_{self.sanitize(buf)}[{lay.slots}];")
+        for buf, off in self.smem_offsets.items():
+            b = self.graph.buffer(buf)
+            decls.append(f"{self.r.ctype[b.dtype]}* s_{self.sanitize(buf)} = "
+                         f"reinterpret_cast<{self.r.ctype[b.dtype]}*>(pf_smem + {off});")
+        used, written = [], set()
+        for op in self.ops:
+            for s in op.inputs + op.outputs:
+                if s.level == Level.GLOBAL and s.buffer not in used:
+                    used.append(s.buffer)
+                from powerfusion.gir.expr import loads
+                for lb in loads(s.index) | (loads(s.valid) if s.valid is not None else frozenset()):
+                    if lb not in used:
+                        used.append(lb)
+            for s in op.outputs:
+                if s.level == Level.GLOBAL:
+                    written.add(s.buffer)
+        params, plist = [], []
+        for bname in used:
+            b = self.graph.buffer(bname)
+            const = "" if bname in written else "const "
+            params.append(f"{const}{self.r.ctype[b.dtype]}* {self.r.restrict} {self.ptr(bname)}")
+            plist.append((bname, b.dtype, bname in written))
+        big = max((self.graph.buffer(b).size for b in used), default=0) >= 2**31 - 1 or \
+            self.P.units * self.r.lanes >= 2**31 - 1
+        threads = self.P.units_per_group * self.r.lanes
+        src = self.r.env.get_template("c_kernel.j2").render(
+            header=self.r.header, graph_name=self.sanitize(self.graph.name), name=self.name,
+            index_type="long long" if big else "int", kernel_prefix=self.r.kernel_prefix,
+            launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
+            units_per_group=self.P.units_per_group, units=self.P.units, shared_bytes=self.shared_bytes,
+            declarations=decls, body=body)
+        op_lines = _op_line_ranges(src)
+        return KernelSource(self.name, src, (self.P.groups, 1, 1), (threads, 1, 1), self.shared_bytes,
+                            tuple(plist), op_lines)
+
+
+INSTRUCTIONS = {Move: KernelLowering._move, Elementwise: KernelLowering._elementwise,
+                Reduce: KernelLowering._reduce, Broadcast: KernelLowering._broadcast, Sync: KernelLowering._sync}
+
+
+class _Raw(Expr):
+    """A C fragment spliced into an expression (renderer-internal only)."""
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _aligned(index: Expr, vec: int) -> bool:
+    """True when index(u, i, j0) is a multiple of vec whenever j0 is: affine with coefficient 1
+    in j and coefficients of u and i (and the constant) divisible by vec."""
+    if variables(index) - {"u", "i", "j"}:
+        return False
+    cj, ci, cu = (affine_coefficient(index, v) for v in "jiu")
+    if cj != 1 or ci is None or cu is None:
+        return False
+    c0 = substitute(index, {"u": Const(0), "i": Const(0), "j": Const(0)})
+    return isinstance(c0, Const) and c0.value % vec == 0 and ci % vec == 0 and cu % vec == 0
+
+
+def _fill_literal(x: float, dtype: str) -> str:
+    from powerfusion.backends.c_renderer import c_float
+    if dtype == "bool":
+        return "true" if x else "false"
+    if dtype.startswith("int") or dtype.startswith("uint"):
+        return str(int(x))
+    return c_float(x)
+
+
+def _err(msg):
+    from powerfusion.backends.c_renderer import RenderError
+    return RenderError(msg)
+
+
+def _op_line_ranges(src: str) -> dict[int, tuple[int, int]]:
+    """gOperator uid -> (first, last) 1-based source line, from the `// gop N:` markers."""
+    out, cur, lines = {}, None, src.splitlines()
+    for n, line in enumerate(lines, 1):
+        t = line.strip()
+        if t.startswith("// gop "):
+            cur = int(t[7:t.index(":")])
+            out[cur] = (n, n)
+        elif cur is not None and t != "}" or (cur is not None and t == "}" and n < len(lines)):
+            out[cur] = (out[cur][0], n)
+    return out

@@ -1,0 +1,121 @@
+"""One C-style renderer for GPU backends: a rewritten GIR graph -> kernel sources.
+
+A backend subclass supplies only its dialect (lanes, spellings, type names,
+conversions) and its toolchain; the instruction templates per gOperator kind live
+in templates/c_ops.j2 and the kernel skeleton in templates/c_kernel.j2.
+
+Mapping (DESIGN.md): parallel unit = warp / wavefront; a group = a block of
+`units_per_group` units; REGISTER buffers are distributed over the unit's lanes
+(element (i, j) lives in lane (j // vec) % lanes at local slot
+i * (width / lanes) + (j // (vec * lanes)) * vec + j % vec) or, for width-1 tiles,
+replicated in every lane; SHARED buffers are per-block arrays; WARP syncs are
+`__syncwarp`-style, BLOCK syncs a barrier, DEVICE syncs kernel boundaries.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import jinja2
+
+from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, I, J, U, variables, Const, BinOp
+from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
+from powerfusion.scalar import scalar_fn
+
+_IDENT_RE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def sanitize(name: str) -> str:
+    """A C identifier from a model's tensor/node name (never emit model names raw)."""
+    s = _IDENT_RE.sub("_", name)
+    if not s or not (s[0].isalpha() or s[0] == "_"):
+        s = "t_" + s
+    return s
+
+
+def c_float(x: float) -> str:
+    if math.isnan(x):
+        return "(__int_as_float(0x7fc00000))"
+    if math.isinf(x):
+        return "(-INFINITY)" if x < 0 else "(INFINITY)"
+    return f"{float(x)!r}f"
+
+
+class RenderError(Exception):
+    """The GIR graph uses a layout this renderer does not implement (a template/rule bug)."""
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    name: str
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    params: tuple[tuple[str, str, bool], ...]   # (buffer name, dtype, written)
+    op_lines: dict = field(default_factory=dict, compare=False)  # op uid -> (first line, last line)
+
+
+class CRenderer:
+    """CUDA-flavoured defaults; HIP overrides a handful of attributes."""
+    lanes = 32
+    extension = ".cu"
+    kernel_prefix = 'extern "C" __global__'
+    header = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <math_constants.h>"
+    barrier = "__syncthreads()"
+    warp_sync = "__syncwarp()"
+    shared = "__shared__"
+    restrict = "__restrict__"
+    launch_bounds = "__launch_bounds__({threads})"
+    ctype = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+             "int64": "long long", "int32": "int", "int8": "signed char", "uint8": "unsigned char", "bool": "bool"}
+    to_float = {"float16": "__half2float({})", "bfloat16": "__bfloat162float({})"}
+    from_float = {"float16": "__float2half_rn({})", "bfloat16": "__float2bfloat16_rn({})"}
+    vector_type = {4: "unsigned int", 8: "uint2", 16: "uint4"}
+
+    def shfl_xor(self, value: str, mask: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {mask})"
+
+    @cached_property
+    def env(self) -> jinja2.Environment:
+        env = jinja2.Environment(loader=jinja2.PackageLoader("powerfusion.backends", "templates"),
+                                 trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        return env
+
+    # ---- public -------------------------------------------------------------------
+    def render(self, graph: GIRGraph) -> list[KernelSource]:
+        from powerfusion.backends.c_lowering import KernelLowering
+        out = []
+        for k, ops in enumerate(graph.kernels()):
+            out.append(KernelLowering(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render())
+        return out
+
+    def convert(self, value: str, src: str, dst: str) -> str:
+        """C expression converting `value` of dtype src to dtype dst."""
+        if src == dst:
+            return value
+        if src in self.to_float:
+            value = self.to_float[src].format(value)
+            src = "float32"
+        if dst in self.from_float:
+            return self.from_float[dst].format(value if src == "float32" else f"(float)({value})")
+        return f"({self.ctype[dst]})({value})"
+
+    def scalar(self, fn: str, params: dict, operands: list[str], out_dtype: str) -> str:
+        f = scalar_fn(fn)
+        tmpl = re.sub(r"\{(\w+)\}f", r"{\1}", f.c)
+        kw = {}
+        for p in f.params:
+            v = params[p]
+            kw[p] = self.ctype[_dtype_name(v)] if p == "to" else c_float(float(v))
+        if fn == "cast":
+            return self.convert(operands[0], "float32", out_dtype) if out_dtype in self.from_float else \
+                f"({self.ctype[out_dtype]})({operands[0]})"
+        return tmpl.format(*operands, **kw)
+
+
+def _dtype_name(v) -> str:
+    import numpy as np
+    return np.dtype(v).name if not isinstance(v, str) else v
