@@ -99,10 +99,22 @@ def _try_fold(node, consts, shapes, opset):
         return None
     feeds = {i: consts[i] for i in node.input if i}
     try:
-        return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+        return _evaluate(node, feeds, opset)
     except Exception as e:
         shapes_in = [tuple(np.shape(consts[i])) if i else None for i in node.input]
         raise NodeError(node.name, node.op_type, opset, shapes_in, f"constant folding failed: {e}") from None
+
+
+def _evaluate(node, feeds, opset):
+    """Run one node at the model's opset (a bare NodeProto would run at the latest one)."""
+    inputs = [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for k, v in feeds.items()]
+    outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    values = ReferenceEvaluator(model).run(None, feeds)
+    it = iter(values)
+    return [next(it) if o else None for o in node.output]
 
 
 def _drop_dead(model):

@@ -1,0 +1,158 @@
+"""Partition a basic graph by cost: library calls for compute-bound MatMul/Conv,
+maximal acyclic subgraphs of everything else.
+
+An op is compute-bound when its arithmetic intensity (FLOPs over compulsory bytes:
+inputs read once, output written once) exceeds the target's ridge point for its
+dtype; only MatMul and Conv can be. A GEMV (M = 1) or a depthwise conv falls
+below and stays with the memory-bound ops.
+
+Grouping: each memory-bound op gets a level = the largest number of library calls
+on a path from the graph inputs to it. Connected memory-bound ops of one level form
+a group; no path between two ops of one level can pass through a library call, so
+the contracted graph is acyclic. Neighbouring groups are then merged greedily
+while the contracted graph stays acyclic, which makes the groups maximal.
+"""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from powerfusion.frontend.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
+                                        Partition, Reduce, Subgraph)
+from powerfusion.perfmodel.specs import get_target
+from powerfusion.scalar import scalar_fn
+
+
+def node_flops(graph: BasicGraph, node: BasicNode) -> int:
+    out = graph.tensors[node.outputs[0]]
+    op = node.op
+    if isinstance(op, Elementwise):
+        return out.size * scalar_fn(op.fn).flops
+    if isinstance(op, Reduce):
+        return graph.tensors[node.inputs[0]].size
+    if isinstance(op, MatMul):
+        a = graph.tensors[node.inputs[0]].shape
+        k = a[-2] if op.trans_a else a[-1]
+        return 2 * out.size * k
+    if isinstance(op, Conv):
+        w = graph.tensors[node.inputs[1]].shape
+        per_output = int(np.prod(w[1:], dtype=np.int64))  # C/group x kernel
+        return 2 * out.size * per_output + (out.size if len(node.inputs) > 2 else 0)
+    return 0
+
+
+def node_bytes(graph: BasicGraph, node: BasicNode) -> int:
+    return sum(graph.tensors[t].nbytes for t in set(node.inputs)) + sum(graph.tensors[t].nbytes for t in node.outputs)
+
+
+def is_library(graph: BasicGraph, node: BasicNode, target: str) -> bool:
+    if not isinstance(node.op, LIBRARY_OPS):
+        return False
+    dtype = np.dtype(graph.tensors[node.inputs[0]].dtype).name
+    intensity = node_flops(graph, node) / max(node_bytes(graph, node), 1)
+    return intensity > get_target(target).ridge_point(dtype)
+
+
+def partition_graph(graph: BasicGraph, target: str = "cpu") -> Partition:
+    nodes = graph.nodes
+    producer = {t: i for i, n in enumerate(nodes) for t in n.outputs}
+    preds = [{producer[t] for t in n.inputs if t in producer} for n in nodes]
+    lib = [is_library(graph, n, target) for n in nodes]
+
+    # level: library calls on the longest path from the inputs (nodes are topologically ordered)
+    level = [0] * len(nodes)
+    for i in range(len(nodes)):
+        base = max((level[p] for p in preds[i]), default=0)
+        level[i] = base + 1 if lib[i] else base
+
+    group = _initial_groups(nodes, preds, lib, level)
+    group = _merge_groups(preds, group, lib)
+
+    steps = _order_steps(graph, nodes, preds, lib, group)
+    return Partition(graph=graph, target=target, steps=steps)
+
+
+def _initial_groups(nodes, preds, lib, level) -> list[int]:
+    uf = list(range(len(nodes)))
+
+    def find(i):
+        while uf[i] != i:
+            uf[i] = uf[uf[i]]
+            i = uf[i]
+        return i
+
+    for i in range(len(nodes)):
+        if lib[i]:
+            continue
+        for p in preds[i]:
+            if not lib[p] and level[p] == level[i]:
+                uf[find(p)] = find(i)
+    return [find(i) for i in range(len(nodes))]
+
+
+def _merge_groups(preds, group, lib) -> list[int]:
+    """Merge adjacent memory-bound groups while the contracted graph stays acyclic:
+    u -> v may merge when v is reachable from u by that edge only."""
+    is_lib = {group[i]: lib[i] for i in range(len(group))}
+    q = _quotient(preds, group)
+    into: dict[int, int] = {}
+    changed = True
+    while changed:
+        changed = False
+        for u, v in list(q.edges):
+            if is_lib[u] or is_lib[v] or not (q.has_node(u) and q.has_node(v) and q.has_edge(u, v)):
+                continue
+            if any(nx.has_path(q, s, v) for s in q.successors(u) if s != v):
+                continue
+            nx.contracted_nodes(q, u, v, self_loops=False, copy=False)
+            into[v] = u
+            changed = True
+
+    def root(g):
+        while g in into:
+            g = into[g]
+        return g
+    return [root(g) for g in group]
+
+
+def _quotient(preds, group) -> nx.DiGraph:
+    q = nx.DiGraph()
+    q.add_nodes_from(set(group))
+    for i, ps in enumerate(preds):
+        for p in ps:
+            if group[p] != group[i]:
+                q.add_edge(group[p], group[i])
+    return q
+
+
+def _order_steps(graph, nodes, preds, lib, group):
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group):
+        members.setdefault(g, []).append(i)
+    q = _quotient(preds, group)
+    consumers = graph.consumers()
+    graph_outputs = {t.name for t in graph.outputs}
+    steps, sg_count = [], 0
+    order = nx.lexicographical_topological_sort(q, key=lambda g: min(members[g]))
+    for g in order:
+        idx = members[g]
+        if lib[idx[0]]:
+            n = nodes[idx[0]]
+            steps.append(LibraryCall(n, node_flops(graph, n), node_bytes(graph, n)))
+            continue
+        sub = [nodes[i] for i in idx]
+        steps.append(_subgraph(graph, f"sg{sg_count}", sub, consumers, graph_outputs))
+        sg_count += 1
+    return steps
+
+
+def _subgraph(graph, name, sub, consumers, graph_outputs) -> Subgraph:
+    inside = {id(n) for n in sub}
+    produced = [t for n in sub for t in n.outputs]
+    produced_set = set(produced)
+    inputs = list(dict.fromkeys(t for n in sub for t in n.inputs if t not in produced_set))
+    outputs = [t for t in produced
+               if t in graph_outputs or any(id(c) not in inside for c in consumers.get(t, []))]
+    flops = sum(node_flops(graph, n) for n in sub)
+    nbytes = sum(graph.tensors[t].nbytes for t in inputs) + sum(graph.tensors[t].nbytes for t in outputs)
+    return Subgraph(name, tuple(sub), tuple(inputs), tuple(outputs), flops, nbytes)
