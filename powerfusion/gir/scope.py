@@ -1,0 +1,99 @@
+"""Sync scope of a write followed by a read (DESIGN.md "Sync scope"), decided exactly.
+
+For every element the read touches that the write wrote, compare who wrote it with who
+reads it: same unit and same lane -> LANE; same unit, other lane -> WARP; same group
+(block), other unit -> BLOCK; otherwise DEVICE. The answer is the largest over all
+elements. Elements are keyed per memory level: GLOBAL by address, SHARED by (group,
+address), REGISTER by (unit, address) -- register data never crosses units.
+
+Beyond `CAP` evaluated elements the answer comes from structure alone: the same pattern
+on the same buffer, read by the same units, is LANE; anything else is DEVICE
+(conservative). Slices whose index loads data (gather) are also answered structurally,
+since who touches what depends on run-time values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.gir.expr import loads
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope
+
+CAP = 1 << 24
+
+
+def _uses_loads(s: MemorySlice) -> bool:
+    return bool(loads(s.index)) or (s.valid is not None and bool(loads(s.valid)))
+
+
+def element_owners(s: MemorySlice, units: np.ndarray, parallel: Parallel, buffers=None):
+    """Flat arrays (key, unit, lane) of the valid elements `units` touch through `s`.
+    `key` identifies the element across units at the slice's level."""
+    units = np.asarray(units, dtype=np.int64)
+    addr = s.addresses(units, buffers)
+    mask = s.mask(units, buffers)
+    u = np.broadcast_to(units[:, None], addr.shape)
+    lane = np.broadcast_to(s.lanes_of(parallel.lanes)[None, :], addr.shape)
+    addr, u, lane = addr[mask], u[mask], lane[mask]
+    if s.level == Level.GLOBAL:
+        key = addr
+    else:
+        owner = u // parallel.units_per_group if s.level == Level.SHARED else u
+        key = (owner << 32) + addr  # per-group / per-unit arrays: the owner is part of the key
+    return key, u, lane
+
+
+def _structural(write: MemorySlice, write_units, read: MemorySlice, read_units) -> Scope:
+    same_units = np.array_equal(np.asarray(write_units), np.asarray(read_units))
+    if write.buffer == read.buffer and write.level == read.level and write.pattern() == read.pattern() and same_units:
+        return Scope.LANE
+    return Scope.DEVICE
+
+
+def needed_scope(write: MemorySlice, write_units, read: MemorySlice, read_units, parallel: Parallel,
+                 buffers=None, cap: int = CAP) -> Scope:
+    """The smallest sync scope that orders `write` (by `write_units`) before `read` (by
+    `read_units`) on the same buffer. Elements read but not written here need nothing (LANE).
+    `buffers` supplies data for index expressions that load (gather); without it such
+    slices are answered structurally."""
+    write_units = np.asarray(write_units, dtype=np.int64)
+    read_units = np.asarray(read_units, dtype=np.int64)
+    if write.buffer != read.buffer:
+        return Scope.LANE
+    if len(write_units) == 0 or len(read_units) == 0:
+        return Scope.LANE
+    too_big = len(write_units) * write.count + len(read_units) * read.count > cap
+    if too_big or (buffers is None and (_uses_loads(write) or _uses_loads(read))):
+        return _structural(write, write_units, read, read_units)
+    wk, wu, wl = element_owners(write, write_units, parallel, buffers)
+    rk, ru, rl = element_owners(read, read_units, parallel, buffers)
+    return scope_between(wk, wu, wl, rk, ru, rl, parallel)
+
+
+def scope_between(wk, wu, wl, rk, ru, rl, parallel: Parallel) -> Scope:
+    """Scope from owner arrays: writes (key, unit, lane) and reads (key, unit, lane).
+    Several writers of one key are all compared (min and max suffice for 'differs')."""
+    if wk.size == 0 or rk.size == 0:
+        return Scope.LANE
+    order = np.argsort(wk, kind="stable")
+    wk, wu, wl = wk[order], wu[order], wl[order]
+    uniq, start = np.unique(wk, return_index=True)
+    code = wu * (parallel.lanes + 1) + wl  # one integer per (unit, lane)
+    grp = wu // parallel.units_per_group
+    lo_code, hi_code = np.minimum.reduceat(code, start), np.maximum.reduceat(code, start)
+    lo_u, hi_u = np.minimum.reduceat(wu, start), np.maximum.reduceat(wu, start)
+    lo_g, hi_g = np.minimum.reduceat(grp, start), np.maximum.reduceat(grp, start)
+    pos = np.searchsorted(uniq, rk)
+    pos_c = np.minimum(pos, len(uniq) - 1)
+    hit = uniq[pos_c] == rk
+    if not np.any(hit):
+        return Scope.LANE
+    p = pos_c[hit]
+    r_code = ru[hit] * (parallel.lanes + 1) + rl[hit]
+    r_u, r_g = ru[hit], ru[hit] // parallel.units_per_group
+    if np.any((lo_g[p] != r_g) | (hi_g[p] != r_g)):
+        return Scope.DEVICE
+    if np.any((lo_u[p] != r_u) | (hi_u[p] != r_u)):
+        return Scope.BLOCK
+    if np.any((lo_code[p] != r_code) | (hi_code[p] != r_code)):
+        return Scope.WARP
+    return Scope.LANE
