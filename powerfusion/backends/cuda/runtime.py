@@ -33,11 +33,15 @@ class DeviceInfo:
     memory_bytes: int
 
 
-@functools.lru_cache(maxsize=None)
 def device_info(index: int | None = None) -> DeviceInfo:
+    """Facts about a device (default: CuPy's current one)."""
     import cupy
-    if index is None:
-        index = cupy.cuda.Device().id
+    return _device_info(cupy.cuda.Device().id if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(index: int) -> DeviceInfo:
+    import cupy
     props = cupy.cuda.runtime.getDeviceProperties(index)
     name = props["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)

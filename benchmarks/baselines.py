@@ -1,0 +1,43 @@
+"""Framework baselines for a function written as torch code: eager, and
+`torch.compile(fn, dynamic=False)` in the default mode (Inductor, no CUDA graphs of its own).
+Each baseline becomes benchmark rows in the shared format (harness.ROW_FIELDS)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from harness import count_torch_kernels, input_sets_needed, time_torch
+
+
+def torch_impls(fn: Callable) -> dict[str, Callable]:
+    import torch
+    return {"torch-eager": fn, "torch-compile": torch.compile(fn, dynamic=False)}
+
+
+def bench_torch(case: str, dtype: str, shape: tuple, impls: dict[str, Callable],
+                make_args: Callable[[], tuple], bytes_moved: int, copy_bw: float, l2: int,
+                bytes_per_set: int) -> list[dict]:
+    """One row per impl: timings over rotated input sets, kernel count, and the largest
+    difference from the first impl's output (a sanity check that the baselines agree)."""
+    import torch
+    sets = [make_args() for _ in range(input_sets_needed(bytes_per_set, l2))]
+    rows, reference = [], None
+    for impl, fn in impls.items():
+        t0 = time.perf_counter()
+        out = fn(*sets[0])           # first call: torch.compile compiles here
+        torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - t0
+        if reference is None:
+            reference, diff = out.float(), 0.0
+        else:
+            diff = float((out.float() - reference).abs().max())
+        del out
+        timing = time_torch(fn, sets)
+        rows.append({"case": case, "dtype": dtype, "shape": list(shape), "impl": impl,
+                     "device_time_s": timing.device_time_s, "latency_s": timing.latency_s,
+                     "bytes": bytes_moved, "bw_fraction": bytes_moved / timing.device_time_s / copy_bw,
+                     "kernels": count_torch_kernels(fn, sets[0]),
+                     "timing_method": timing.method, "input_sets": timing.sets,
+                     "first_call_s": first_call_s, "max_abs_diff_vs_first_impl": diff})
+        torch.cuda.empty_cache()
+    return rows
