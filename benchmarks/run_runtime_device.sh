@@ -8,7 +8,7 @@ export POWERFUSION_CACHE_DIR=$(mktemp -d)
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 benchmarks/harness.py probe > "$OUT/probe.json" 2> "$OUT/probe.err"
-timeout 150 python3 -m pytest tests/runtime -m gpu -q -rs -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
+timeout "${PYTEST_TIMEOUT_S:-150}" python3 -m pytest tests/runtime -m gpu -q -rs -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
 echo "pytest exit $?" >> "$OUT/pytest_gpu.txt"
 tail -3 "$OUT/pytest_gpu.txt"
 timeout "${BENCH_TIMEOUT_S:-200}" python3 benchmarks/bench_norms.py --out "$OUT" --budget-s "${BENCH_BUDGET_S:-160}" \
