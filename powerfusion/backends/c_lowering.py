@@ -29,6 +29,9 @@ class KernelLowering:
     def __init__(self, renderer, graph: GIRGraph, ops: tuple[GOp, ...], name: str):
         self.r, self.graph, self.ops, self.name = renderer, graph, ops, name
         self.P = graph.parallel
+        if self.P.lanes != renderer.lanes:
+            raise _err(f"GIR graph {graph.name} was planned for {self.P.lanes} lanes per unit, "
+                       f"the target has {renderer.lanes}")
         from powerfusion.backends.c_renderer import sanitize
         self.sanitize = sanitize
         self.reg = self._register_layouts()

@@ -1,0 +1,63 @@
+"""Runs a rewritten GIR graph's kernels on CuPy arrays (one launch per kernel, in order)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from powerfusion.backends.c_renderer import KernelSource
+from powerfusion.gir.interpreter import np_dtype
+from powerfusion.gir.ir import GIRGraph, Level
+
+
+@dataclass
+class LoadedKernel:
+    source: KernelSource
+    kernel: object  # runtime.CompiledKernel
+
+
+class GIRExecutor:
+    """Compiles (NVRTC, disk-cached) and launches the kernels of one GIR graph.
+
+    `__call__(arrays)` takes CuPy arrays for the graph's GLOBAL input and output buffers
+    (any shape, contiguous, matching element counts); scratch GLOBAL buffers are allocated once."""
+
+    def __init__(self, graph: GIRGraph, renderer=None, options: tuple[str, ...] = ()):
+        import cupy
+        from powerfusion.backends.cuda.renderer import CUDARenderer
+        from powerfusion.backends.cuda.runtime import compile_source
+        self.graph = graph
+        self.sources = (renderer or CUDARenderer()).render(graph)
+        self.kernels = []
+        for ks in self.sources:
+            mod = compile_source(ks.source, options, name=ks.name)
+            k = mod.kernel(ks.name)
+            if ks.shared_bytes > 48 * 1024:
+                k.function.max_dynamic_shared_size_bytes = ks.shared_bytes
+            self.kernels.append(LoadedKernel(ks, k))
+        interface = set(graph.inputs) | set(graph.outputs)
+        consts = dict(graph.constants)
+        self.scratch = {}
+        for b in graph.buffers:
+            if b.level != Level.GLOBAL or b.name in interface:
+                continue
+            if b.name in consts:
+                self.scratch[b.name] = cupy.asarray(np.asarray(consts[b.name]).astype(np_dtype(b.dtype)).reshape(-1))
+            else:
+                self.scratch[b.name] = cupy.empty(b.size, dtype=np_dtype(b.dtype))
+
+    @property
+    def launches(self) -> int:
+        return len(self.kernels)
+
+    def __call__(self, arrays: dict, stream=None) -> None:
+        env = {**self.scratch, **arrays}
+        for lk in self.kernels:
+            args = []
+            for name, dtype, _ in lk.source.params:
+                a = env[name]
+                if a.size != self.graph.buffer(name).size or a.dtype != np_dtype(dtype):
+                    raise ValueError(f"kernel {lk.source.name}: buffer '{name}' expects "
+                                     f"{self.graph.buffer(name).size} x {dtype}, got {a.size} x {a.dtype}")
+                args.append(a)
+            lk.kernel.launch(lk.source.grid, lk.source.block, args, shared_mem=lk.source.shared_bytes, stream=stream)
