@@ -67,6 +67,14 @@ def convert_graph(model: onnx.ModelProto) -> BasicGraph:
                       metadata={"producer": model.producer_name, "ir_version": model.ir_version})
 
 
+def raise_unsupported(model: onnx.ModelProto) -> None:
+    """UnsupportedOpError listing every node we cannot convert, if any."""
+    b = GraphBuilder(set())
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    infos = tensor_infos(model)
+    _check_supported([NodeCtx(n, default_opset(model), b, consts, infos, i) for i, n in enumerate(model.graph.node)])
+
+
 def _check_supported(ctxs: list[NodeCtx]) -> None:
     bad = []
     for cx in ctxs:

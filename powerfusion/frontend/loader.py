@@ -40,7 +40,11 @@ def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.Model
     try:
         return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        raise ModelError(f"shape inference failed on {where}: {_first_line(e)}") from None
+        error = ModelError(f"shape inference failed on {where}: {_first_line(e)}")
+    # ops we do not know (custom domains...) also stop strict inference: report those instead
+    from powerfusion.frontend.converters import raise_unsupported
+    raise_unsupported(shape_inference.infer_shapes(proto, data_prop=True))
+    raise error
 
 
 def default_opset(proto: onnx.ModelProto) -> int:

@@ -1,0 +1,110 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from powerfusion.errors import ModelError, UnsupportedOpError
+from powerfusion.frontend import import_model, load_model, parse_shapes
+
+from fe_helpers import make_model
+
+
+def _relu_model(dims, opset=17):
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, dims)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_malformed_bytes():
+    with pytest.raises(ModelError, match="not a serialized ONNX model|onnx.checker"):
+        load_model(b"\x00\x01 definitely not protobuf \xff\xfe")
+
+
+def test_checker_failure_names_file(tmp_path):
+    m = _relu_model([2])
+    m.graph.node[0].input[0] = "missing"
+    path = tmp_path / "bad.onnx"
+    onnx.save(m, path)
+    with pytest.raises(ModelError, match=r"bad\.onnx.*onnx\.checker"):
+        load_model(path)
+
+
+def test_missing_file():
+    with pytest.raises(ModelError, match="does not exist"):
+        load_model("no/such/model.onnx")
+
+
+def test_dynamic_dim_without_shapes():
+    with pytest.raises(ModelError) as e:
+        load_model(_relu_model(["batch", 3]))
+    msg = str(e.value)
+    assert "'x'" in msg and "batch" in msg and "shapes={'x'" in msg and "--shapes x:" in msg
+
+
+def test_dynamic_dim_with_shapes():
+    m = load_model(_relu_model(["batch", 3]), shapes={"x": (4, 3)})
+    dims = [d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [4, 3]
+
+
+def test_shapes_conflict_and_unknown_input():
+    with pytest.raises(ModelError, match="static shape"):
+        load_model(_relu_model([2, 3]), shapes={"x": (4, 3)})
+    with pytest.raises(ModelError, match="unknown input"):
+        load_model(_relu_model([2, 3]), shapes={"z": (4, 3)})
+
+
+def test_caller_proto_untouched():
+    m = _relu_model(["batch", 3])
+    load_model(m, shapes={"x": (4, 3)})
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+@pytest.mark.parametrize("opset", [5, 6])
+def test_opset_too_old(opset):
+    with pytest.raises(ModelError, match=f"opset {opset}"):
+        load_model(_relu_model([2], opset=opset))
+
+
+def test_old_opset_is_upgraded():
+    m = load_model(_relu_model([2], opset=9))
+    assert m.opset_import[0].version == 11
+
+
+def test_opset_22_accepted_only_when_ops_unchanged():
+    # Relu has no opset-22 version? check against the schema rather than assuming
+    changed = onnx.defs.get_schema("Relu", 22).since_version != onnx.defs.get_schema("Relu", 21).since_version
+    add = make_model("Add", {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, opset=22)
+    assert onnx.defs.get_schema("Add", 22).since_version == onnx.defs.get_schema("Add", 21).since_version
+    load_model(add)  # Add did not change after 21
+    if changed:
+        with pytest.raises(ModelError, match="Relu"):
+            load_model(_relu_model([2], opset=22))
+
+
+def test_parse_shapes():
+    assert parse_shapes("x:1x3x224x224,y:4") == {"x": (1, 3, 224, 224), "y": (4,)}
+    assert parse_shapes("a:b:2x2") == {"a:b": (2, 2)}
+    assert parse_shapes("s:") == {"s": ()}
+    with pytest.raises(ModelError):
+        parse_shapes("x=1x3")
+    with pytest.raises(ModelError):
+        parse_shapes("x:1xAx3")
+
+
+def test_unsupported_ops_all_listed():
+    x = np.ones((2, 3), np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok"),
+             helper.make_node("Hardmax", ["a"], ["b"], name="first_bad"),
+             helper.make_node("Pad", ["b", "pads"], ["c"], name="wrap_pad", mode="wrap"),
+             helper.make_node("Relu", ["c"], ["d"], name="custom", domain="com.example"),
+             helper.make_node("Celu", ["d"], ["y"], name="second_bad")]
+    m = make_model(None, {"x": x}, consts={"pads": np.array([0, 1, 0, 1], np.int64)}, nodes=nodes, opset=19,
+                   domains=("com.example",))
+    with pytest.raises(UnsupportedOpError) as e:
+        import_model(m)
+    names = [n for n, *_ in e.value.nodes]
+    assert names == ["first_bad", "wrap_pad", "custom", "second_bad"]
+    msg = str(e.value)
+    assert "Hardmax" in msg and "opset 19" in msg and "'wrap'" in msg and "com.example" in msg and "(2, 3)" in msg
