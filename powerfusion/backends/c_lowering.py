@@ -34,6 +34,8 @@ class KernelLowering:
                        f"the target has {renderer.lanes}")
         from powerfusion.backends.c_renderer import sanitize
         self.sanitize = sanitize
+        self._idents: dict[tuple[str, str], str] = {}
+        self._taken: set[str] = set()
         self.reg = self._register_layouts()
         self.smem_offsets, self.shared_bytes = self._shared_layout()
 
@@ -73,15 +75,28 @@ class KernelLowering:
         return offs, total
 
     # ---- names ----------------------------------------------------------------------
+    def ident(self, prefix: str, buf: str) -> str:
+        """A unique C identifier per buffer: model names are sanitised, and two names that
+        sanitise alike get distinct suffixes."""
+        key = (prefix, buf)
+        if key not in self._idents:
+            base = f"{prefix}_{self.sanitize(buf)}"
+            name, k = base, 1
+            while name in self._taken:
+                name, k = f"{base}_{k}", k + 1
+            self._taken.add(name)
+            self._idents[key] = name
+        return self._idents[key]
+
     def ptr(self, buf: str) -> str:
-        return "p_" + self.sanitize(buf)
+        return self.ident("p", buf)
 
     def ref(self, s: MemorySlice, addr: str) -> str:
         if s.level == Level.GLOBAL:
             return f"{self.ptr(s.buffer)}[{addr}]"
         if s.level == Level.SHARED:
-            return f"s_{self.sanitize(s.buffer)}[{addr}]"
-        return f"r_{self.sanitize(s.buffer)}[{addr}]"
+            return f"{self.ident('s', s.buffer)}[{addr}]"
+        return f"{self.ident('r', s.buffer)}[{addr}]"
 
     def expr(self, e: Expr) -> str:
         return render_c(e, {"u": "u", "i": "i", "j": "j"},
@@ -288,10 +303,10 @@ class KernelLowering:
         decls = []
         for buf, lay in self.reg.items():
             b = self.graph.buffer(buf)
-            decls.append(f"{self.r.ctype[b.dtype]} r_{self.sanitize(buf)}[{lay.slots}];")
+            decls.append(f"{self.r.ctype[b.dtype]} {self.ident('r', buf)}[{lay.slots}];")
         for buf, off in self.smem_offsets.items():
             b = self.graph.buffer(buf)
-            decls.append(f"{self.r.ctype[b.dtype]}* s_{self.sanitize(buf)} = "
+            decls.append(f"{self.r.ctype[b.dtype]}* {self.ident('s', buf)} = "
                          f"reinterpret_cast<{self.r.ctype[b.dtype]}*>(pf_smem + {off});")
         used, written = [], set()
         for op in self.ops:
