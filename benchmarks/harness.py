@@ -63,11 +63,16 @@ def time_torch(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50) -> 
     except Exception:  # not capturable (host syncs, dynamic allocations): time plain launches
         graph = None
         run, method = (lambda: [fn(*a) for a in arg_sets]), "events"
-    per_replay, replays = _time_with_events(run, torch.cuda.Event, torch.cuda.synchronize)
+    per_replay, replays = _time_with_events(run, _torch_event, torch.cuda.synchronize)
     device_s = per_replay / len(arg_sets)
     del graph
     latency = _latency(lambda i: fn(*arg_sets[i % len(arg_sets)]), torch.cuda.synchronize, latency_calls)
     return Timing(device_s, latency, method, len(arg_sets), replays)
+
+
+def _torch_event():
+    import torch
+    return torch.cuda.Event(enable_timing=True)
 
 
 def _side_stream_call(fn, args):
@@ -121,10 +126,10 @@ def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50) -> T
 
 
 # ---- shared timing loops ----------------------------------------------------------------
-def _time_with_events(run: Callable, event_cls, synchronize) -> tuple[float, int]:
-    """Seconds per `run()` from events around enough runs to fill TARGET_TIMED_S."""
+def _time_with_events(run: Callable, make_event, synchronize) -> tuple[float, int]:
+    """Seconds per `run()` from (timing-enabled) events around enough runs to fill TARGET_TIMED_S."""
     def measure(n):
-        start, end = event_cls(), event_cls()
+        start, end = make_event(), make_event()
         start.record()
         for _ in range(n):
             run()
@@ -168,7 +173,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     import torch
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
     dst = torch.empty_like(src)
-    per_copy, _ = _time_with_events(lambda: dst.copy_(src), torch.cuda.Event, torch.cuda.synchronize)
+    per_copy, _ = _time_with_events(lambda: dst.copy_(src), _torch_event, torch.cuda.synchronize)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / per_copy
@@ -195,13 +200,21 @@ def probe() -> dict:
     except Exception as e:
         facts["bf16 array"] = f"fails: {type(e).__name__}: {e}"[:300]
     src = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }'
-    for arch in ("80", "90", "90a", "100", "120"):
+    for arch in ("80", "90", "100", "120"):  # CuPy's arch argument is numeric
         try:
             binary, _ = compiler.compile_using_nvrtc(src, (), arch=arch, cache_in_memory=True)
             kind = "cubin" if bytes(binary[:4]) == b"\x7fELF" else "ptx"
             facts[f"nvrtc arch {arch}"] = f"ok ({len(binary)} bytes, {kind})"
         except Exception as e:
             facts[f"nvrtc arch {arch}"] = f"fails: {type(e).__name__}: {str(e)[:200]}"
+    try:  # arch-specific targets (wgmma, setmaxnreg) need sm_90a, which only raw NVRTC options reach
+        nvrtc = cupy.cuda.nvrtc
+        prog = nvrtc.createProgram(src, "k.cu", [], [])
+        nvrtc.compileProgram(prog, ["-arch=sm_90a"])
+        facts["nvrtc -arch=sm_90a"] = f"ok ({len(nvrtc.getCUBIN(prog))} bytes cubin)"
+        nvrtc.destroyProgram(prog)
+    except Exception as e:
+        facts["nvrtc -arch=sm_90a"] = f"fails: {type(e).__name__}: {str(e)[:200]}"
     try:
         from powerfusion.backends.cuda.runtime import device_info
         facts["device"] = asdict(device_info())
