@@ -51,7 +51,8 @@ class InferenceSession:
     """
 
     def __init__(self, model, target: str | None = None, shapes=None, options: Mapping | None = None):
-        from powerfusion.frontend import import_model, partition
+        from powerfusion.frontend import import_model
+        from powerfusion.frontend.partition import partition_graph as partition
         from powerfusion.perfmodel.specs import get_target
 
         self.options = _options.current().replace(**dict(options or {}))

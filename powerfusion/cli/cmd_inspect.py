@@ -29,7 +29,8 @@ def main(args) -> int:
 def build_report(model_path: str, shapes, target: str) -> dict:
     import onnx
 
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model
+    from powerfusion.frontend.partition import partition_graph as partition
     from powerfusion.perfmodel.specs import get_target
     from powerfusion.session import onnx_type_string
 
