@@ -20,6 +20,7 @@ class GraphBuilder:
         self.constants: dict[str, np.ndarray] = {}
         self.nodes: list[BasicNode] = []
         self._reserved = set(reserved)
+        self._fresh: set[str] = set()
         self._counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -28,7 +29,18 @@ class GraphBuilder:
             name = f"{hint}_{self._counter}"
             if name not in self._reserved and name not in self.tensors:
                 self._reserved.add(name)
+                self._fresh.add(name)
                 return name
+
+    def rename_last_output(self, old: str, new: str) -> bool:
+        """Give the last node's fresh output the ONNX name instead (saves an aliasing node)."""
+        if not self.nodes or self.nodes[-1].outputs != (old,) or old not in self._fresh or new in self.tensors:
+            return False
+        last = self.nodes.pop()
+        info = self.tensors.pop(old)
+        self.tensors[new] = TensorInfo(new, info.shape, info.dtype)
+        self.nodes.append(BasicNode(last.name, last.op, last.inputs, (new,), last.origin))
+        return True
 
     def constant(self, value: np.ndarray, name: str | None = None, hint: str = "const") -> str:
         value = np.asarray(value)
@@ -173,7 +185,10 @@ class NodeCtx:
         return self.emit(Transpose(tuple(perm)), [name], tuple(shape[p] for p in perm), self.info(name).dtype, out)
 
     def alias(self, name: str, out: str) -> str:
-        """Bind an existing tensor to an ONNX output name (a free same-shape Reshape)."""
+        """Bind an existing tensor to an ONNX output name (a free same-shape Reshape if need be)."""
+        expect = self._infos.get(out)
+        if (expect is None or expect.shape == self.info(name).shape) and self.b.rename_last_output(name, out):
+            return out
         return self.reshape(name, self.info(name).shape, out=out)
 
     def cast(self, name: str, dtype, out: str | None = None) -> str:

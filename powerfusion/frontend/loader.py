@@ -148,10 +148,12 @@ def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str) -> None:
             continue
         if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
             shown = _fmt(dims) if vi.type.tensor_type.HasField("shape") else "(unknown rank)"
-            example = "x".join(str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims) or "N"
+            parts = [str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims] or ["N"]
+            example = "x".join(parts)
+            py = "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
             raise ModelError(
                 f"input '{name}' of {where} has a dynamic shape {shown}; give a static one, in Python "
-                f"shapes={{'{name}': ({', '.join(example.split('x'))},)}} or on the command line "
+                f"shapes={{'{name}': {py}}} or on the command line "
                 f"--shapes {name}:{example} (replace each symbolic N by a number)")
 
 
