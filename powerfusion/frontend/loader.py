@@ -4,10 +4,11 @@ Opset policy for the default domain:
   * 11..21 are accepted as they are;
   * 7..10 are upgraded to opset 11 with onnx.version_converter (old model-zoo
     files, e.g. the onnx package's `light_*` CNNs, are opset 9);
-  * 22 and above are accepted when every op the model uses has the same
-    definition (schema `since_version`) at the model's opset as at opset 21,
-    so that our opset-21 converters read it correctly; otherwise an error lists
-    the ops that changed.
+  * 22 and above are accepted when every op the model uses has, at the model's
+    opset, the same inputs, outputs and attributes (names, defaults) as at
+    opset 21 -- only its type lists may have grown (opset 22 added bfloat16 to
+    Conv, pooling, ...) -- so that our opset-21 converters read it correctly;
+    otherwise an error lists the ops that changed.
 """
 from __future__ import annotations
 
@@ -117,11 +118,22 @@ def _check_opset(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 def _changed_after_max(op_type: str, opset: int) -> bool:
+    """Whether the op's definition at `opset` differs from opset 21 in more than its type
+    lists (opset 22, for one, only added bfloat16 to many ops)."""
     try:
-        return (onnx.defs.get_schema(op_type, opset).since_version
-                != onnx.defs.get_schema(op_type, MAX_OPSET).since_version)
+        new, old = onnx.defs.get_schema(op_type, opset), onnx.defs.get_schema(op_type, MAX_OPSET)
     except Exception:  # unknown op: let the converter table report it
         return False
+    if new.since_version == old.since_version:
+        return False
+    return _signature(new) != _signature(old)
+
+
+def _signature(schema):
+    params = lambda ps: [(p.name, p.option, p.is_homogeneous) for p in ps]  # noqa: E731
+    attrs = sorted((a.name, a.type, a.required, a.default_value.SerializeToString())
+                   for a in schema.attributes.values())
+    return params(schema.inputs), params(schema.outputs), attrs
 
 
 def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str) -> None:

@@ -67,9 +67,10 @@ def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
     """[N, C, *S] -> [N, C, *O, *K] (a copy)."""
     nsp = len(op.kernel)
     widths = [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends))
-    fill = np.asarray(op.pad_value).astype(x.dtype) if x.dtype.kind in "fcb" or np.isfinite(op.pad_value) else None
-    if fill is None:  # -inf into an integer tensor: the type's lowest value
+    if x.dtype.kind in "iu" and not np.isfinite(op.pad_value):  # -inf into integers: the lowest value
         fill = np.iinfo(x.dtype).min
+    else:
+        fill = np.asarray(op.pad_value).astype(x.dtype)
     xp = np.pad(x, widths, mode="constant", constant_values=fill)
     ek = [(k - 1) * d + 1 for k, d in zip(op.kernel, op.dilations)]
     outs = [(xp.shape[2 + i] - ek[i]) // op.strides[i] + 1 for i in range(nsp)]
