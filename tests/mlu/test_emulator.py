@@ -179,9 +179,15 @@ def test_unwritten_output_is_reported_by_coverage():
     ("__memcpy(buf, x, 128, GDRAM2NRAM); __bang_add(buf + 1, buf, buf, 32);", r"dst address is not 64-byte aligned"),
     ("__memcpy(buf, x, 128, GDRAM2NRAM); __bang_add(buf, x, buf, 32);", r"src0 .*GDRAM.* is not in NRAM"),
     ("__memcpy_async(buf, x, 128, GDRAM2NRAM);", r"kernel returned with 1 async copies never waited for"),
+    ("__memcpy_async(buf, x, 128, GDRAM2NRAM); __sync_cluster();", r"__sync_cluster\(\) with 1 async copies not yet waited"),
     ("if (taskId != 0) __sync_all();", r"deadlock - tasks 1\(all\) 2\(all\) 3\(all\)"),
 ])
 def test_misuse_is_reported(body, message):
+    with pytest.raises(BangEmulationError, match=message):
+        _misuse(body)
+
+
+def _misuse(body, func_type="UNION1", task_dim=4):
     src = f"""
     __mlu_entry__ void misuse(float* out, float* x) {{
       __nram__ float buf[64];
@@ -189,8 +195,16 @@ def test_misuse_is_reported(body, message):
       __memcpy(out + taskId * 32, x, 128, GDRAM2GDRAM);
     }}"""
     x = np.zeros(128, np.float32)
-    with pytest.raises(BangEmulationError, match=message):
-        run_bang(src, "misuse", {"x": x}, {"out": ((128,), np.float32)}, 4, args=["out", "x"])
+    return run_bang(src, "misuse", {"x": x}, {"out": ((128,), np.float32)}, task_dim, func_type, args=["out", "x"])
+
+
+def test_task_types_are_checked():
+    with pytest.raises(BangEmulationError, match=r"__sync_cluster\(\) in a CNRT_FUNC_TYPE_BLOCK kernel"):
+        _misuse("__sync_cluster();", "BLOCK")
+    with pytest.raises(BangEmulationError, match=r"UNION1 needs dim.x divisible by 4 .*got dim.x = 6"):
+        _misuse("", "UNION1", 6)
+    _, log = _misuse("", "BLOCK", 4)  # the same kernel is fine as four BLOCK tasks
+    assert {e.task for e in log.events if e.kind == "task_end"} == {0, 1, 2, 3}
 
 
 REDUCE = """
