@@ -1,0 +1,130 @@
+import networkx as nx
+import numpy as np
+import pytest
+from onnx import helper
+
+from fe_helpers import make_model
+from powerfusion.frontend import import_model, partition
+from powerfusion.frontend.basic import LibraryCall, Subgraph
+from powerfusion.frontend.partition import node_bytes, node_flops
+from powerfusion.perfmodel.specs import get_target
+
+R = np.random.default_rng(3)
+
+
+def f(*s):
+    return R.standard_normal(s).astype(np.float32)
+
+
+def check_partition(p):
+    """Every node in exactly one step; steps executable in order; subgraph inputs/outputs exact."""
+    g = p.graph
+    seen = [n.name for s in p.steps for n in (s.nodes if isinstance(s, Subgraph) else (s.node,))]
+    assert sorted(seen) == sorted(n.name for n in g.nodes)
+    available = {t.name for t in g.inputs} | set(g.constants)
+    consumers = g.consumers()
+    graph_outputs = {t.name for t in g.outputs}
+    for s in p.steps:
+        nodes = s.nodes if isinstance(s, Subgraph) else (s.node,)
+        produced = {t for n in nodes for t in n.outputs}
+        reads = {t for n in nodes for t in n.inputs} - produced
+        assert reads <= available, f"{getattr(s, 'name', s.node.name)} reads {reads - available} before it exists"
+        if isinstance(s, Subgraph):
+            assert set(s.inputs) == reads
+            names = {n.name for n in nodes}
+            used_outside = {t for t in produced
+                            if t in graph_outputs or any(c.name not in names for c in consumers.get(t, []))}
+            assert set(s.outputs) == used_outside
+            sub = nx.Graph()
+            sub.add_nodes_from(names)
+            sub.add_edges_from((p_.name, c.name) for p_ in nodes for t in p_.outputs
+                               for c in consumers.get(t, []) if c.name in names)
+            assert nx.is_connected(sub), f"{s.name} is not connected"
+        available |= produced
+    assert [s.name for s in p.subgraphs] == [f"sg{i}" for i in range(len(p.subgraphs))]
+
+
+def test_gemv_is_memory_bound():
+    g = import_model(make_model("MatMul", {"x": f(1, 1024)}, {"w": f(1024, 1024)}))
+    for target in ("cpu", "h100", "mi250"):
+        p = partition(g, target)
+        check_partition(p)
+        assert not p.library_calls and [n.op.__class__.__name__ for n in p.subgraphs[0].nodes] == ["MatMul"]
+
+
+def test_decode_attention_scores_are_memory_bound():
+    # one query against a KV cache of 512 positions: batched GEMV
+    g = import_model(make_model("MatMul", {"q": f(8, 1, 64), "k": f(8, 64, 512)}))
+    assert not partition(g, "h100").library_calls
+
+
+def test_big_matmul_is_a_library_call():
+    g = import_model(make_model("MatMul", {"a": f(512, 512), "b": f(512, 512)}))
+    p = partition(g, "cpu")
+    check_partition(p)
+    (call,) = p.steps
+    assert isinstance(call, LibraryCall) and call.flops == 2 * 512 ** 3
+    assert call.bytes == 3 * 512 * 512 * 4
+    assert call.intensity > get_target("cpu").ridge_point("float32")
+
+
+def test_depthwise_conv_memory_bound_dense_conv_library():
+    x = {"x": f(1, 64, 56, 56)}
+    dw = import_model(make_model("Conv", x, {"w": f(64, 1, 3, 3)}, {"group": 64, "pads": [1, 1, 1, 1]}))
+    dense = import_model(make_model("Conv", x, {"w": f(64, 64, 3, 3)}, {"pads": [1, 1, 1, 1]}))
+    for target in ("cpu", "h100"):
+        assert not partition(dw, target).library_calls
+        assert len(partition(dense, target).library_calls) == 1
+    conv = dense.nodes[0]
+    assert node_flops(dense, conv) == 2 * 64 * 56 * 56 * 64 * 9
+
+
+def _residual_model():
+    """x -> relu -> a; a @ W -> b (library); exp(a) -> c; y = b + c."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("MatMul", ["a", "w"], ["b"], name="mm"),
+             helper.make_node("Exp", ["a"], ["c"], name="exp"),
+             helper.make_node("Add", ["b", "c"], ["y"], name="add")]
+    return make_model(None, {"x": f(256, 256)}, {"w": f(256, 256)}, nodes=nodes)
+
+
+def test_subgraphs_stay_acyclic_around_a_library_call():
+    p = partition(import_model(_residual_model()), "cpu")
+    check_partition(p)
+    kinds = [type(s).__name__ for s in p.steps]
+    assert kinds == ["Subgraph", "LibraryCall", "Subgraph"]
+    first, _, last = p.steps
+    assert {n.origin.node for n in first.nodes} == {"relu", "exp"}
+    assert first.inputs == ("x",) and set(first.outputs) == {"a", "c"}
+    assert {n.origin.node for n in last.nodes} == {"add"} and last.outputs == ("y",)
+
+
+def test_groups_merge_when_no_cycle():
+    # relu(x) does not feed the library call, so it joins the add after it
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["b"], name="mm"),
+             helper.make_node("Relu", ["x"], ["c"], name="relu"),
+             helper.make_node("Add", ["b", "c"], ["y"], name="add")]
+    p = partition(import_model(make_model(None, {"x": f(256, 256)}, {"w": f(256, 256)}, nodes=nodes)), "cpu")
+    check_partition(p)
+    assert [type(s).__name__ for s in p.steps] == ["LibraryCall", "Subgraph"]
+    assert {n.origin.node for n in p.subgraphs[0].nodes} == {"relu", "add"}
+    assert set(p.subgraphs[0].inputs) == {"x", "b"}
+
+
+def test_subgraph_cost_is_compulsory_traffic():
+    p = partition(import_model(make_model("Softmax", {"x": f(4, 1000)})), "cpu")
+    (sg,) = p.subgraphs
+    assert sg.bytes == 2 * 4 * 1000 * 4  # read x once, write y once
+    assert sg.flops == sum(node_flops(p.graph, n) for n in sg.nodes) > 0
+    assert all(node_bytes(p.graph, n) > 0 for n in sg.nodes)
+
+
+@pytest.mark.parametrize("target", ["cpu", "a100", "mlu370"])
+def test_partition_properties_on_a_cnn(target):
+    import os
+
+    import onnx
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_squeezenet.onnx")
+    p = partition(import_model(path), target)
+    check_partition(p)
+    assert p.library_calls and p.subgraphs
