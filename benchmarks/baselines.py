@@ -11,7 +11,19 @@ from harness import count_torch_kernels, input_sets_needed, time_torch
 
 def torch_impls(fn: Callable) -> dict[str, Callable]:
     import torch
+    # Dynamo keys its cache by code object and silently falls back to eager after
+    # `recompile_limit` shapes of one function; a fresh cache and a high limit prevent that
+    # (rows record `compiled_graphs` so a fallback would show).
+    torch._dynamo.reset()
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)
     return {"torch-eager": fn, "torch-compile": torch.compile(fn, dynamic=False)}
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
 
 
 def bench_torch(case: str, dtype: str, shape: tuple, impls: dict[str, Callable],
@@ -23,10 +35,11 @@ def bench_torch(case: str, dtype: str, shape: tuple, impls: dict[str, Callable],
     sets = [make_args() for _ in range(input_sets_needed(bytes_per_set, l2))]
     rows, reference = [], None
     for impl, fn in impls.items():
-        t0 = time.perf_counter()
+        graphs_before, t0 = _graphs_compiled(), time.perf_counter()
         out = fn(*sets[0])           # first call: torch.compile compiles here
         torch.cuda.synchronize()
         first_call_s = time.perf_counter() - t0
+        compiled_graphs = _graphs_compiled() - graphs_before
         if reference is None:
             reference, diff = out.float(), 0.0
         else:
@@ -38,6 +51,6 @@ def bench_torch(case: str, dtype: str, shape: tuple, impls: dict[str, Callable],
                      "bytes": bytes_moved, "bw_fraction": bytes_moved / timing.device_time_s / copy_bw,
                      "kernels": count_torch_kernels(fn, sets[0]),
                      "timing_method": timing.method, "input_sets": timing.sets,
-                     "first_call_s": first_call_s, "max_abs_diff_vs_first_impl": diff})
+                     "first_call_s": first_call_s, "compiled_graphs": compiled_graphs, "max_abs_diff_vs_first_impl": diff})
         torch.cuda.empty_cache()
     return rows

@@ -15,4 +15,4 @@ timeout "${BENCH_TIMEOUT_S:-200}" python3 benchmarks/bench_norms.py --out "$OUT"
     > "$OUT/bench_norms.log" 2>&1
 echo "bench exit $?"
 tail -40 "$OUT/bench_norms.log"
-cat "$OUT/probe.json"
+cat "$OUT/probe.json"; cp "$OUT/pytest_gpu.txt" "$OUT/runtime-gpu-tests.txt"
