@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -111,7 +112,7 @@ def run_bang(source: str, kernel_name: str, inputs: Mapping[str, np.ndarray],
     args = list(args) if args is not None else [*ins, *outs]
     if func_type not in FUNC_TYPES:
         raise ValueError(f"func_type must be one of {FUNC_TYPES}, got {func_type!r}")
-    for name in [kernel_name, *(launcher and [launcher] or []), *ins, *outs, *scalars]:
+    for name in [kernel_name, *([launcher] if launcher else []), *ins, *outs, *scalars]:
         if not _IDENT.match(name):
             raise ValueError(f"{name!r} is not a C identifier")
     for a in args:
@@ -173,8 +174,9 @@ def _main_source(kernel, ins, outs, args, scalars, dims, func_type, launcher) ->
 
 
 def _scalar_literal(v: int | float) -> str:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise ValueError(f"scalar {v!r} must be an int or a float")
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v):
+        raise ValueError(f"scalar {v!r} must be a finite int or float")
     return f"(int){int(v)}" if isinstance(v, (int, np.integer)) else f"(float){float(v)!r}"
 
 

@@ -275,3 +275,47 @@ def test_sram_is_shared_per_cluster_across_sync_cluster():
     assert len(leaves) == len(arrivals) == 8
     first_cluster_last_arrival = max(e.seq for e in log.events if e.kind == "barrier_arrive" and e.task < 4)
     assert min(e.seq for e in log.events if e.kind == "barrier_leave" and e.task < 4) > first_cluster_last_arrival
+
+
+STRIDED = """
+__mlu_entry__ void column_halves(float* out, float* x) {
+  __nram__ float block[8][32];
+  // task t moves columns [32t, 32t+32) of an 8 x 64 matrix: 8 segments of 128 bytes
+  __memcpy(block, x + taskId * 32, 32 * sizeof(float), GDRAM2NRAM, 32 * sizeof(float), 64 * sizeof(float), 7);
+  __bang_mul_scalar((float*)block, (float*)block, 2.0f, 8 * 32);
+  __memcpy_async(out + taskId * 32, block, 32 * sizeof(float), NRAM2GDRAM, 64 * sizeof(float), 32 * sizeof(float), 7);
+  __sync_io();
+}
+"""
+
+
+def test_strided_copies_move_2d_blocks():
+    x = RNG.standard_normal((8, 64), dtype=np.float32)
+    outs, log = run_bang(STRIDED, "column_halves", {"x": x}, {"out": ((8, 64), np.float32)}, 2, "BLOCK",
+                         args=["out", "x"])
+    np.testing.assert_array_equal(outs["out"], 2 * x)  # scaling by 2 is exact
+    load = log.of_task(1, "memcpy")[0]
+    assert (load.srcs[0].offset, load.srcs[0].seg, load.srcs[0].stride, load.srcs[0].count) == (128, 128, 256, 8)
+    assert (load.dst.space, load.dst.bytes) == ("NRAM", 1024)
+    store = log.of_task(1, "memcpy_complete")[0]
+    assert (store.dst.buffer, store.dst.offset, store.dst.stride, store.dst.bytes) == ("out", 128, 256, 7 * 256 + 128)
+
+
+def test_sync_io_does_not_wait_for_the_move_pipe():
+    src = """
+    __mlu_entry__ void stage(float* out, float* x) {
+      __mlu_shared__ float shared[32];
+      __nram__ float buf[32];
+      if (coreId == 0) __memcpy(shared, x, 128, GDRAM2SRAM);
+      __sync_cluster();
+      __memcpy_async(buf, shared, 128, SRAM2NRAM);
+      __sync_io();  // SRAM2NRAM runs on the move pipe: this does not wait for it
+      __bang_add(buf, buf, buf, 32);
+      __memcpy(out + taskId * 32, buf, 128, NRAM2GDRAM);
+    }"""
+    x = np.arange(32, dtype=np.float32)
+    args = dict(inputs={"x": x}, outputs={"out": ((4, 32), np.float32)}, task_dim=4, args=["out", "x"])
+    with pytest.raises(BangEmulationError, match=r"SRAM2NRAM.*before __sync_move\(\) or __sync\(\)"):
+        run_bang(src, "stage", **args)
+    outs, _ = run_bang(src.replace("__sync_io();", "__sync_move();"), "stage", **args)
+    np.testing.assert_array_equal(outs["out"], np.tile(2 * x, (4, 1)))
