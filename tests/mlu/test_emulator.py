@@ -319,3 +319,41 @@ def test_sync_io_does_not_wait_for_the_move_pipe():
         run_bang(src, "stage", **args)
     outs, _ = run_bang(src.replace("__sync_io();", "__sync_move();"), "stage", **args)
     np.testing.assert_array_equal(outs["out"], np.tile(2 * x, (4, 1)))
+
+
+TWO_KERNELS = """
+__mlu_entry__ void partial(float* tmp, float* x) {
+  __nram__ float buf[64];
+  __memcpy(buf, x + taskId * 64, 256, GDRAM2NRAM);
+  __bang_sumpool(buf, buf, 32, 1, 2, 1, 2, 1, 1);
+  __memcpy(tmp + taskId * 32, buf, 128, NRAM2GDRAM);
+}
+__mlu_entry__ void combine(float* out, float* tmp) {
+  __nram__ float buf[4][32];
+  if (taskId != 0) return;
+  __memcpy(buf, tmp, 4 * 128, GDRAM2NRAM);
+  __bang_sumpool((float*)buf, (float*)buf, 32, 1, 4, 1, 4, 1, 1);
+  __memcpy(out, buf, 128, NRAM2GDRAM);
+}
+void launch_sum(cnrtQueue_t queue, float* x, float* out) {  // a DEVICE-scope sync: two kernels
+  float* tmp;
+  cnrtMalloc((void**)&tmp, 4 * 128);
+  cnrtDim3_t dim = {4, 1, 1};
+  PF_LAUNCH(partial, dim, CNRT_FUNC_TYPE_UNION1, queue, tmp, x);
+  PF_LAUNCH(combine, dim, CNRT_FUNC_TYPE_UNION1, queue, out, tmp);
+  cnrtQueueSync(queue);
+  cnrtFree(tmp);
+}
+"""
+
+
+def test_launcher_may_chain_kernels_through_a_workspace():
+    x = RNG.standard_normal(256, dtype=np.float32)
+    outs, log = run_bang(TWO_KERNELS, "partial", {"x": x}, {"out": ((32,), np.float32)}, 4,
+                         args=["x", "out"], launcher="launch_sum")
+    np.testing.assert_allclose(outs["out"], x.reshape(8, 32).sum(axis=0), rtol=1e-5)  # fp32 sums of 8
+    launches = [e for e in log.events if e.kind in ("launch", "launch_end")]
+    assert [(e.kind, e.op) for e in launches] == [("launch", "partial"), ("launch_end", "partial"),
+                                                 ("launch", "combine"), ("launch_end", "combine")]
+    first_store = next(e for e in log.events if e.kind == "memcpy" and e.op == "NRAM2GDRAM")
+    assert first_store.dst.buffer.startswith("gdram")  # the launcher's own cnrtMalloc workspace
