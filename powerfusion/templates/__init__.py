@@ -1,0 +1,47 @@
+"""Per-basic-op GIR templates and their parameter spaces (DESIGN.md "templates").
+
+`candidates(node, tensors, target)` lists candidate GIR graphs for one basic node: each
+`Candidate` has a template `name`, frozen `params` and `build() -> GIRGraph`. Every
+candidate is a complete graph of its own (load inputs from GLOBAL, compute in
+REGISTER, store outputs to GLOBAL, syncs where a phase needs other units' data).
+The first candidate is the default; `powerfusion.gir.lower` picks among them so that
+neighbouring ops' slice patterns line up.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from powerfusion.frontend import basic as B
+from powerfusion.templates.common import Candidate, Ctx, buffer_names, resolve_target, sanitize
+from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_tiled
+
+TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
+    B.Elementwise: ops_map.elementwise,
+    B.Broadcast: ops_map.broadcast,
+    B.Reshape: ops_map.reshape,
+    B.Transpose: lambda ctx: ops_tiled.transpose_tiled(ctx) + ops_map.transpose_direct(ctx),
+    B.Slice: ops_map.slice_,
+    B.Concat: lambda ctx: ops_tiled.concat_rows(ctx) + ops_map.concat(ctx),
+    B.Pad: ops_map.pad,
+    B.Gather: ops_map.gather,
+    B.GatherElements: ops_map.gather_elements,
+    B.Window: ops_map.window,
+    B.Reduce: ops_reduce.reduce,
+    B.MatMul: ops_matmul.matmul,
+    B.Conv: ops_matmul.conv,
+}
+
+
+def candidates(node: B.BasicNode, tensors: dict, target="cuda", names: dict | None = None,
+               prefix: str = "") -> list[Candidate]:
+    """Candidate GIR graphs for one basic node. `names` maps tensor names to GLOBAL buffer
+    names (default: sanitised); `prefix` namespaces register/shared buffer names."""
+    names = names if names is not None else buffer_names(list(node.inputs) + list(node.outputs))
+    ctx = Ctx(node, tensors, resolve_target(target), names, prefix)
+    fn = TEMPLATES.get(type(node.op))
+    if fn is None:
+        raise ctx.error(f"no GIR template for basic op kind {type(node.op).__name__}")
+    return fn(ctx)
+
+
+__all__ = ["Candidate", "candidates", "TEMPLATES", "buffer_names", "sanitize"]

@@ -1,0 +1,184 @@
+"""Memory-bound MatMul (GEMV, small M, batched decode attention) and depthwise Conv as
+broadcast-multiply-reduce. Both are a product of two operands over a space
+[out dims..., reduced dims...], summed over the reduced dims:
+
+* `dot`: one unit per output element; lanes walk the reduced dims (num x W), reduce over
+  num then width. Coalesced when both operands are contiguous along the reduction
+  (x @ W^T with W stored [N, K], the q.K^T of attention).
+* `cols`: lanes over W consecutive outputs along the last output dim, num = the reduction;
+  reduce over num, no lane exchange. Coalesced when the second operand is contiguous along
+  the output dim (x @ W with W stored [K, N], probs @ V).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from powerfusion.frontend import basic as B
+from powerfusion.gir.expr import Expr, I, J, U, const
+from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
+from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
+                                          in_range, prod, reg_dtype)
+from powerfusion.templates.maps import Source, load
+
+
+@dataclass(frozen=True)
+class DotParams:
+    style: str    # dot | cols
+    vec: int = 1
+
+
+@dataclass(frozen=True)
+class Product:
+    """y[out] = sum over red of a[out, red] * b[out, red] (+ bias[out])."""
+    space: tuple[int, ...]      # out dims then reduced dims
+    n_out: int
+    a: Source
+    b: Source
+    bias: Source | None = None
+
+
+def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
+    size = max(ctx.tensors[t].dtype.itemsize for t in list(ctx.node.inputs) + list(ctx.node.outputs))
+    vmax = max(v for v in (8, 4, 2, 1) if v * size <= 16)
+    out = []
+    for style in ("dot", "cols"):
+        for v in dict.fromkeys((vmax, 1)):
+            c = Candidate(f"{name}.{style}", DotParams(style, v), ctx, partial(_build, prod_fn, f"{name}.{style}"))
+            try:
+                c.build()
+            except Infeasible:
+                continue
+            out.append(c)
+    return out
+
+
+def _build(prod_fn, template, ctx: Ctx, p: DotParams):
+    pr: Product = prod_fn(ctx)
+    y = ctx.node.outputs[0]
+    shape, n_out = pr.space, pr.n_out
+    out_dims, red_dims = tuple(range(n_out)), tuple(range(n_out, len(shape)))
+    Kn = prod([shape[d] for d in red_dims])
+    W = ctx.lanes * p.vec
+    em = Emitter(ctx)
+    acc = reg_dtype(ctx.tensors[y].dtype)
+    if p.style == "dot":
+        num = max(1, -(-Kn // W))
+        k = I * W + J
+        pieces = [(U, out_dims), (k, red_dims)]
+        tail = k.lt(Kn) if num * W != Kn else None
+        units, out_index, out_tail, out_w = prod(shape[:n_out]), U, None, 1
+    else:
+        L = shape[n_out - 1]
+        if L == 1:
+            raise Infeasible("cols needs a last output dim > 1")
+        nch = -(-L // W)
+        lane = (U % nch) * W + J
+        num = Kn
+        pieces = [(U // nch, out_dims[:-1]), (lane, out_dims[-1:]), (I, red_dims)]
+        tail = out_tail = lane.lt(L) if L % W else None
+        units, out_index, out_w = prod(shape[:n_out - 1]) * nch, (U // nch) * L + lane, W
+    ra = load(em, pr.a, pieces, shape, num, W, p.vec, tail, "a")
+    rb = load(em, pr.b, pieces, shape, num, W, p.vec, tail, "b")
+    prod_r = em.reg("ab", num, W, acc, p.vec)
+    em.op(Elementwise("mul"), [ra, rb], [prod_r])
+    seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, num, W, W, acc, p.vec, tail)
+    if num > 1:
+        part = em.reg("part", 1, W, acc, p.vec)
+        em.op(Reduce("sum", "num"), [seen], [part])
+        seen = part
+    if p.style == "dot":
+        s = em.reg("sum", 1, 1, acc)
+        em.op(Reduce("sum", "width"), [seen], [s])
+        seen = s
+    if pr.bias is not None:
+        bias_pieces = [(U, out_dims)] if p.style == "dot" else pieces[:2]
+        rbias = load(em, pr.bias, bias_pieces, shape[:n_out], 1, out_w, p.vec if out_w > 1 else 1, out_tail, "bias")
+        tot = em.reg("out", 1, out_w, acc, p.vec if out_w > 1 else 1)
+        em.op(Elementwise("add"), [seen, rbias], [tot])
+        seen = tot
+    vec = p.vec if out_w > 1 else 1
+    em.op(Move(), [seen], [em.gslice(y, out_index, 1, out_w, vec, out_tail)])
+    return em.graph(Parallel(max(units, 1), ctx.upg, ctx.lanes), template)
+
+
+# ---- MatMul ----------------------------------------------------------------------------
+
+def _matmul_product(ctx: Ctx) -> Product:
+    op: B.MatMul = ctx.node.op
+    a, b = ctx.node.inputs[:2]
+    sa, sb = ctx.tensors[a].shape, ctx.tensors[b].shape
+    ta, tb = contiguous_strides(sa), contiguous_strides(sb)
+    if len(sa) == 1:
+        M, K, am, ak, abatch = 1, sa[0], 0, ta[0], ()
+    else:
+        M, K = (sa[-1], sa[-2]) if op.trans_a else (sa[-2], sa[-1])
+        am, ak = (ta[-1], ta[-2]) if op.trans_a else (ta[-2], ta[-1])
+        abatch = sa[:-2]
+    if len(sb) == 1:
+        N, bk, bn, bbatch = 1, tb[0], 0, ()
+    else:
+        N = sb[-2] if op.trans_b else sb[-1]
+        bk, bn = (tb[-1], tb[-2]) if op.trans_b else (tb[-2], tb[-1])
+        bbatch = sb[:-2]
+    nb = max(len(abatch), len(bbatch))
+    batch = tuple(max(x, y) for x, y in zip((1,) * (nb - len(abatch)) + tuple(abatch),
+                                            (1,) * (nb - len(bbatch)) + tuple(bbatch)))
+
+    def batch_lin(bshape, strides):
+        lead = nb - len(bshape)
+        return tuple(0 if d < lead or bshape[d - lead] == 1 else strides[d - lead] for d in range(nb))
+    space = batch + (M, N, K)
+    va = View(batch_lin(abatch, ta[:-2] if len(sa) > 1 else ()) + (am, 0, ak))
+    vb = View(batch_lin(bbatch, tb[:-2] if len(sb) > 1 else ()) + (0, bn, bk))
+    if prod(space[:-1]) != ctx.tensors[ctx.node.outputs[0]].size:
+        raise ctx.error(f"matmul output {ctx.tensors[ctx.node.outputs[0]].shape} does not match {space[:-1]}")
+    return Product(space, nb + 2, Source(a, va), Source(b, vb))
+
+
+def matmul(ctx: Ctx) -> list[Candidate]:
+    return _offer(ctx, "matmul", _matmul_product)
+
+
+# ---- depthwise Conv ---------------------------------------------------------------------
+
+def _conv_product(ctx: Ctx) -> Product:
+    op: B.Conv = ctx.node.op
+    x, w = ctx.node.inputs[:2]
+    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
+    ys = ctx.tensors[ctx.node.outputs[0]].shape
+    C, Cout, ns = xs[1], ws[0], len(xs) - 2
+    mult = Cout // C
+    xst, wst = contiguous_strides(xs), contiguous_strides(ws)
+    osz, ksz = tuple(ys[2:]), tuple(ws[2:])
+    space = (ys[0], Cout) + osz + ksz
+
+    def x_index(cs) -> Expr:
+        e = cs[0] * xst[0] + (cs[1] // mult if mult > 1 else cs[1]) * xst[1]
+        for d in range(ns):
+            e = e + (cs[2 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d]) * xst[2 + d]
+        return e
+
+    padded = [d for d in range(ns) if op.pad_begins[d] or op.pad_ends[d]]
+
+    def x_valid(cs):
+        acc = None
+        for d in padded:
+            acc = and_(acc, in_range(cs[2 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d],
+                                     0, xs[2 + d]))
+        return acc
+    vw = View((0, wst[0]) + (0,) * ns + tuple(wst[2:]))
+    bias = None
+    if len(ctx.node.inputs) > 2:
+        bias = Source(ctx.node.inputs[2], View((0, 1) + (0,) * ns))
+    return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
+
+
+def conv(ctx: Ctx) -> list[Candidate]:
+    op: B.Conv = ctx.node.op
+    x, w = ctx.node.inputs[:2]
+    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
+    if not (op.group == xs[1] and ws[1] == 1 and ws[0] % xs[1] == 0):
+        raise ctx.error("only depthwise convolutions (group = channels) are memory-bound GIR templates; "
+                        "others go to a library")
+    return _offer(ctx, "conv.depthwise", _conv_product)
