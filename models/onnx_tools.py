@@ -152,12 +152,31 @@ def _live_nodes(graph_outputs, nodes) -> list:
     return live[::-1]
 
 
+def _dedupe_small_constants(nodes, values, keep: set, max_elements: int = 64) -> dict:
+    """Points every use of a small constant (Slice bounds, Reshape shapes) at one copy of
+    each distinct value; exporters emit one per node."""
+    first, alias = {}, {}
+    for name, v in values.items():
+        if v is not None and v.size <= max_elements and name not in keep:
+            key = (v.dtype.str, v.shape, v.tobytes())
+            alias[name] = first.setdefault(key, name)
+    for node in nodes:
+        for i, n in enumerate(node.input):
+            if n in alias:
+                node.input[i] = alias[n]
+    return values
+
+
 def _rebuild(model, nodes, values) -> onnx.ModelProto:
     g = model.graph
     nodes = _live_nodes(g.output, nodes)
-    used = {n for node in nodes for n in node.input} | {o.name for o in g.output}
+    for node in nodes:  # exporter stack traces and module paths: bulk, no meaning
+        node.doc_string = ""
+        del node.metadata_props[:]
     graph_inputs = {i.name for i in g.input}
-    inits = [numpy_helper.from_array(np.ascontiguousarray(values[n]), n)
+    values = _dedupe_small_constants(nodes, values, graph_inputs)
+    used = {n for node in nodes for n in node.input} | {o.name for o in g.output}
+    inits = [numpy_helper.from_array(np.asarray(values[n], order="C"), n)
              for n in sorted(used) if n in values and n not in graph_inputs]
     new_graph = helper.make_graph(nodes, g.name, list(g.input), list(g.output), inits)
     out = helper.make_model(new_graph, opset_imports=list(model.opset_import),
