@@ -1,0 +1,187 @@
+"""The data-flow half of the verifier (see verifier.py for the rules): walks the schedule
+keeping, per buffer element, the op, unit and lane that last wrote it."""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.gir.expr import evaluate, loads
+from powerfusion.gir.ir import Broadcast, GIRGraph, GOp, Level, MemorySlice, Reduce, Scope, Sync, _grid
+from powerfusion.gir.verifier import GIRVerifyError, interval
+
+_UNWRITTEN, _PRESET = -1, -2
+
+
+class _State:
+    """Last writer of every element of one buffer (rows: units or groups for local levels)."""
+
+    def __init__(self, rows: int, size: int, preset: bool):
+        self.op = np.full((rows, size), _PRESET if preset else _UNWRITTEN, dtype=np.int32)
+        self.unit = np.zeros((rows, size), dtype=np.int64)
+        self.lane = np.zeros((rows, size), dtype=np.int32)
+        self.repl = np.zeros((rows, size), dtype=bool)
+
+
+class _Flow:
+    def __init__(self, g: GIRGraph, cap: int, seed: int):
+        self.g = g
+        P = g.parallel
+        self.P = P
+        biggest = max((s.count for op in g.ops for s in op.inputs + op.outputs), default=1)
+        groups = np.arange(P.groups)
+        self.sampled = P.units * biggest > cap
+        if self.sampled:
+            keep = max(2, cap // max(biggest * P.units_per_group, 1))
+            rng = np.random.default_rng(seed)
+            pick = rng.choice(P.groups, size=min(P.groups, keep), replace=False)
+            groups = np.unique(np.concatenate([[0, P.groups - 1], pick]))
+        units = (groups[:, None] * P.units_per_group + np.arange(P.units_per_group)[None, :]).reshape(-1)
+        self.units = units[units < P.units]
+        self.groups = groups
+        self.bufs = {b.name: b for b in g.buffers}
+        preset = set(g.inputs) | {n for n, _ in g.constants}
+        self.state: dict[str, _State] = {}
+        for b in g.buffers:
+            rows = {Level.GLOBAL: 1, Level.SHARED: len(groups), Level.REGISTER: len(self.units)}[b.level]
+            self.state[b.name] = _State(rows, b.size, b.name in preset)
+        self.last_sync = {s: -1 for s in Scope}  # latest sync position of at least this scope
+        self.last_write = {b: -1 for b in self.bufs}
+
+    def fail(self, k, op, msg):
+        raise GIRVerifyError(f"GIR graph '{self.g.name}' at op {k} ({op.describe()}, from '{op.origin}'): {msg}")
+
+    def run(self):
+        for k, op in enumerate(self.g.ops):
+            if isinstance(op.args, Sync):
+                for s in Scope:
+                    if s <= op.args.scope:
+                        self.last_sync[s] = k
+                continue
+            units = self._active(op)
+            if len(units) == 0:
+                continue
+            for s in op.inputs:
+                self._read(k, op, s, units)
+            for s in op.inputs + op.outputs:
+                for lb in _loaded(s):
+                    self._read_loaded(k, op, lb)
+            for s in op.outputs:
+                self._write(k, op, s, units)
+        if not self.sampled:
+            for name in self.g.outputs:
+                st = self.state[name]
+                missing = np.flatnonzero(st.op[0] == _UNWRITTEN)
+                if missing.size:
+                    raise GIRVerifyError(f"GIR graph '{self.g.name}': output '{name}' element {missing[0]} "
+                                         f"({missing.size} of {st.op.shape[1]}) is never written")
+
+    def _active(self, op: GOp) -> np.ndarray:
+        if op.guard is None:
+            return self.units
+        if loads(op.guard):
+            return self.units  # data-dependent guard: check every unit
+        v = np.broadcast_to(evaluate(op.guard, {"u": self.units}), self.units.shape).astype(bool)
+        return self.units[v]
+
+    def _positions(self, k, op, s: MemorySlice, units):
+        """(row, address, mask, unit, lane) arrays [len(units), count] with bounds checked."""
+        size = self.bufs[s.buffer].size
+        if _loaded(s):
+            u, i, j = _grid(units, s.num, s.width)
+            lo, hi = interval(s.index, {"u": u, "i": i, "j": j})
+            mask = _const_mask(s, units)
+            lo = np.broadcast_to(lo, mask.shape[:1] + (s.num, s.width)).reshape(mask.shape)
+            hi = np.broadcast_to(hi, mask.shape[:1] + (s.num, s.width)).reshape(mask.shape)
+            bad = mask & ((lo < 0) | (hi >= size))
+            if np.any(bad):
+                self.fail(k, op, f"slice {s.describe()} may touch [{lo[bad][0]}, {hi[bad][0]}] outside "
+                                 f"'{s.buffer}' ({size} elements) for unit {np.broadcast_to(units[:, None], bad.shape)[bad][0]}"
+                                 " (bound the loaded index)")
+            return None
+        addr = s.addresses(units)
+        mask = s.mask(units)
+        bad = mask & ((addr < 0) | (addr >= size))
+        if np.any(bad):
+            uu = np.broadcast_to(units[:, None], bad.shape)[bad][0]
+            self.fail(k, op, f"slice {s.describe()} touches element {addr[bad][0]} outside '{s.buffer}' "
+                             f"({size} elements) for unit {uu}")
+        uu = np.broadcast_to(units[:, None], addr.shape)
+        lane = np.broadcast_to(s.lanes_of(self.P.lanes)[None, :], addr.shape)
+        if s.level == Level.GLOBAL:
+            row = np.zeros_like(uu)
+        elif s.level == Level.SHARED:
+            row = np.searchsorted(self.groups, uu // self.P.units_per_group)
+        else:
+            row = np.searchsorted(self.units, uu)
+        return row[mask], addr[mask], uu[mask], lane[mask]
+
+    def _read(self, k, op, s: MemorySlice, units):
+        pos = self._positions(k, op, s, units)
+        st = self.state[s.buffer]
+        if pos is None:  # data-dependent addresses: the whole buffer must be ready for anyone
+            self._read_loaded(k, op, s.buffer)
+            return
+        row, addr, ru, rl = pos
+        wop = st.op[row, addr]
+        unwritten = wop == _UNWRITTEN
+        if np.any(unwritten) and not (self.sampled and s.level == Level.GLOBAL):
+            e = np.flatnonzero(unwritten)[0]
+            self.fail(k, op, f"unit {ru[e]} reads element {addr[e]} of '{s.buffer}' before anything writes it")
+        w = wop >= 0
+        if not np.any(w):
+            return
+        row, addr, ru, rl, wop = row[w], addr[w], ru[w], rl[w], wop[w]
+        wu, wl, repl = st.unit[row, addr], st.lane[row, addr], st.repl[row, addr]
+        G = self.P.units_per_group
+        need = np.where(wu // G != ru // G, Scope.DEVICE,
+                        np.where(wu != ru, Scope.BLOCK, np.where(wl != rl, Scope.WARP, Scope.LANE)))
+        if s.level == Level.REGISTER and isinstance(op.args, (Reduce, Broadcast)):
+            need = np.where(need == Scope.WARP, Scope.LANE, need)  # the op exchanges lanes itself
+        need = np.where((need == Scope.WARP) & repl, Scope.LANE, need)
+        last = np.array([self.last_sync[sc] for sc in Scope])
+        bad = (need > Scope.LANE) & (last[need] < wop)
+        if np.any(bad):
+            e = np.flatnonzero(bad)[0]
+            self.fail(k, op, f"element {addr[e]} of '{s.buffer}' written by op {wop[e]} (unit {wu[e]}, lane {wl[e]}) "
+                             f"is read by unit {ru[e]}, lane {rl[e]} with no {Scope(need[e]).label} sync between")
+
+    def _read_loaded(self, k, op, name):
+        """A read at data-dependent positions: fine for untouched inputs, else the last write
+        must be a DEVICE sync away."""
+        if self.last_write[name] >= 0 and self.last_sync[Scope.DEVICE] < self.last_write[name]:
+            self.fail(k, op, f"'{name}' is read at data-dependent positions after op {self.last_write[name]} "
+                             "wrote it, with no DEVICE sync between")
+        st = self.state[name]
+        if not self.sampled and np.any(st.op == _UNWRITTEN):
+            self.fail(k, op, f"'{name}' is read at data-dependent positions but is not fully written")
+
+    def _write(self, k, op, s: MemorySlice, units):
+        pos = self._positions(k, op, s, units)
+        if pos is None:
+            self.fail(k, op, f"write to '{s.buffer}' at data-dependent positions (scatter) is not supported")
+        row, addr, wu, wl = pos
+        key = row.astype(np.int64) * (self.bufs[s.buffer].size + 1) + addr
+        order = np.lexsort((wu, key))
+        ks, us = key[order], wu[order]
+        clash = (ks[1:] == ks[:-1]) & (us[1:] != us[:-1])
+        if np.any(clash):
+            e = order[1:][clash][0]
+            self.fail(k, op, f"element {addr[e]} of '{s.buffer}' is written by several units in one gOperator")
+        st = self.state[s.buffer]
+        st.op[row, addr] = k
+        st.unit[row, addr] = wu
+        st.lane[row, addr] = wl
+        st.repl[row, addr] = isinstance(op.args, Reduce) and op.args.over == "width"
+        self.last_write[s.buffer] = k
+
+
+def _loaded(s: MemorySlice) -> frozenset[str]:
+    out = loads(s.index)
+    if s.valid is not None:
+        out |= loads(s.valid)
+    return out
+
+
+def _const_mask(s: MemorySlice, units) -> np.ndarray:
+    if s.valid is None or loads(s.valid):
+        return np.ones((len(units), s.count), dtype=bool)
+    return s.mask(units)
