@@ -1,0 +1,150 @@
+"""Kernel choice and CUDA source generation for typed GEMMs (jinja2 templates)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from .ttype import get_ttype
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "kernels"),
+                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+A16 = ("fp16", "bf16")
+# W types with a fused kernel, per activation type
+KERNEL_WTYPES = {
+    "fp16": ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1",
+             "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8"),
+    "int8": ("int8", "int4", "int2"),
+}
+KERNEL_WTYPES["bf16"] = KERNEL_WTYPES["fp16"]
+_CT = {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float", "int32": "int"}
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """Everything that changes the generated source of one typed-GEMM kernel."""
+    M: int
+    N: int
+    K: int
+    K_pad: int
+    A_dtype: str
+    W_dtype: str
+    out_dtype: str
+    group_size: int          # elements; == K_pad for per channel
+    zeros_mode: str | None
+    with_bias: bool
+    R: int = 1               # output rows per warp
+    MT: int = 1              # activation rows per block
+    warps: int = 4
+
+    @property
+    def bits(self) -> int:
+        return get_ttype(self.W_dtype).bits
+
+    @property
+    def layout(self) -> str:
+        """Word layout chosen at pack time so the kernel's dequantisation is cheap."""
+        tt = get_ttype(self.W_dtype)
+        if self.A_dtype == "int8":
+            return "dp4a"
+        return "pair" if tt.kind in ("int", "uint") else "natural"
+
+    @property
+    def dq(self) -> str:
+        tt = get_ttype(self.W_dtype)
+        if tt.kind in ("int", "uint"):
+            return "dp4a" if self.A_dtype == "int8" else "magic"
+        return "fp8" if self.bits == 8 else "lut"
+
+    @property
+    def zmode(self) -> str:
+        tt = get_ttype(self.W_dtype)
+        if tt.kind == "block":
+            return "mx"
+        if self.zeros_mode:
+            return self.zeros_mode
+        return "sym" if tt.kind == "int" else "none"
+
+
+def chunk_elems(bits: int) -> int:
+    """Elements in one lane's 16-byte load."""
+    return 128 // bits
+
+
+def padded_k(K: int, bits: int, group: int) -> int:
+    step = int(np.lcm(chunk_elems(bits), group)) if group < K else chunk_elems(bits)
+    return -(-K // step) * step
+
+
+def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None) -> tuple[int, int]:
+    """(R, MT): rows per warp and activation rows per block.
+
+    Activations of one word live in registers per M row (E/2 pairs), so MT is capped
+    to keep that under about 32 registers; at M = 1 two rows per warp halve the
+    activation loads per weight byte."""
+    E = 32 // bits
+    mt = max(1, min(M, 64 // E, 16))
+    if R is None:
+        R = 2 if mt == 1 else 1
+    return R, mt
+
+
+def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
+    """(kernel name, CUDA source) for the fused GEMV/GEMM or the dequantise-only kernel."""
+    tt = get_ttype(spec.W_dtype)
+    bits, E = spec.bits, 32 // spec.bits
+    a8 = spec.A_dtype == "int8"
+    T = "__half" if a8 else _CT[spec.A_dtype]
+    via_half = (not a8) and T != "__half" and spec.dq == "magic" and bits > 4
+    base = 0x6400 if (T == "__half" or via_half) else 0x4300
+    zq = (1 << (bits - 1)) if spec.zmode == "sym" else 0
+    lut = ()
+    if spec.dq == "lut":
+        levels = tt.table if tt.kind == "table" else get_ttype(tt.element or tt.name).decode(np.arange(16))
+        lut = tuple(repr(float(v)) + "f" for v in levels)
+    scaled = (not a8) or spec.out_dtype != "int32"
+    if kind == "dequant":   # M-independent: one kernel serves every large M
+        spec = dataclasses.replace(spec, M=0, R=1, MT=1, with_bias=False, out_dtype=spec.A_dtype)
+    zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
+    name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
+            f"_m{spec.M}_n{spec.N}_k{spec.K}")
+    if a8:
+        b_c = "float" if scaled else "int"
+        bias_load = "bias[n0 + r]"
+    else:
+        b_c = T
+        bias_load = "__half2float(bias[n0 + r])" if T == "__half" else "__bfloat162float(bias[n0 + r])"
+    ctx = dict(
+        kind=kind, name=name, title=f"W={spec.W_dtype} A={spec.A_dtype} out={spec.out_dtype} "
+        f"group={spec.group_size} zeros={spec.zeros_mode} layout={spec.layout}",
+        M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
+        chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
+        T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
+        dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
+        mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),
+        magic=hex(base * 0x00010001), base=hex(base), zc2=hex((base + zq) * 0x00010001), zq=zq,
+        need_asum=spec.zmode in ("original", "rescale"), lut=lut,
+        a_vec=spec.K % (16 if a8 else 8) == 0,
+        A_C="int8_t" if a8 else T, S_C="uint8_t" if spec.zmode == "mx" else "__half",
+        Z_C="uint8_t" if spec.zmode != "original" and spec.zmode != "rescale" else "__half",
+        B_C=b_c, O_C=_CT[spec.out_dtype], bias=spec.with_bias, bias_load=bias_load,
+    )
+    return name, _ENV.get_template("typed_gemv.cu.j2").render(**ctx)
+
+
+def combinations() -> list[tuple[str, str, str | None, str]]:
+    """Every (A_dtype, W_dtype, zeros_mode, out_dtype) with a generated kernel."""
+    out = []
+    for a in ("fp16", "bf16", "int8"):
+        for w in KERNEL_WTYPES[a]:
+            if a == "int8":
+                out += [(a, w, None, "int32"), (a, w, None, "fp16")]
+            elif w.startswith("uint"):
+                out += [(a, w, zm, a) for zm in ("original", "rescale", "quantized")]
+            else:
+                out.append((a, w, None, a))
+    return out

@@ -1,0 +1,221 @@
+"""`Matmul`: one typed GEMM C[M, N] = A[M, K] . dequant(W)[N, K]^T (+ bias), with
+packing, a numpy reference and a generated CUDA kernel (CuPy imported lazily)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import codegen
+from .quant import QuantizedWeight, dequantize, normalize_group, pack_words, quantize, unpack_words
+from .ttype import get_ttype
+
+_NP_OUT = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
+FUSED_MAX_M = 16   # above this, A16 runs dequantise + cuBLAS (tensor cores)
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """Device-ready layout: words [N, K_pad*bits/32] uint32 plus padded scales/zeros."""
+    words: np.ndarray
+    scale: np.ndarray | None
+    zeros: np.ndarray | None
+    bias: np.ndarray | None
+    layout: str
+    K: int
+
+    def arrays(self):
+        return [x for x in (self.words, self.scale, self.zeros, self.bias)]
+
+
+def _np_dtype(name: str):
+    if name == "bf16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return {"fp16": np.float16, "fp32": np.float32, "int8": np.int8, "int32": np.int32}[name]
+
+
+class Matmul:
+    def __init__(self, M: int, N: int, K: int, A_dtype: str = "fp16", W_dtype: str = "int4",
+                 accum_dtype: str | None = None, out_dtype: str | None = None,
+                 group_size: int | None = 128, zeros_mode: str | None = None,
+                 with_bias: bool = False, rows_per_warp: int | None = None):
+        if A_dtype not in codegen.KERNEL_WTYPES:
+            raise ValueError(f"A_dtype must be one of {sorted(codegen.KERNEL_WTYPES)}, got {A_dtype!r}")
+        if W_dtype not in codegen.KERNEL_WTYPES[A_dtype]:
+            raise ValueError(f"no {W_dtype} x {A_dtype} kernel; supported W types for {A_dtype}: "
+                             f"{codegen.KERNEL_WTYPES[A_dtype]}")
+        a8 = A_dtype == "int8"
+        want_acc = "int32" if a8 else "fp32"
+        if accum_dtype not in (None, want_acc):
+            raise ValueError(f"{A_dtype} activations accumulate in {want_acc}, not {accum_dtype}")
+        out_dtype = out_dtype or (A_dtype if not a8 else "fp32")
+        allowed = ("fp16", "fp32", "int32") if a8 else (A_dtype, "fp32")
+        if out_dtype not in allowed:
+            raise ValueError(f"out_dtype for A={A_dtype} must be one of {allowed}, got {out_dtype!r}")
+        if min(M, N, K) < 1:
+            raise ValueError(f"M, N, K must be positive, got {(M, N, K)}")
+        tt = get_ttype(W_dtype)
+        if a8 and zeros_mode is not None:
+            raise ValueError("int8-activation kernels take symmetric signed weights (zeros_mode=None)")
+        self.wtype = tt
+        G = normalize_group(None if (a8 and out_dtype == "int32") else group_size, K, tt)
+        K_pad = codegen.padded_k(K, tt.bits, G)
+        G = K_pad if G >= K else G
+        R, MT = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp)
+        self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
+                                       zeros_mode, with_bias, R, MT)
+        self.group_size = None if G == K_pad else G
+        self.M, self.N, self.K = M, N, K
+        self.fused = a8 or M <= FUSED_MAX_M
+        self.name, self.source = codegen.render(self.spec, "gemv" if self.fused else "dequant")
+        self._fn = None
+
+    # ---- host side ----
+    def quantize(self, weight: np.ndarray) -> QuantizedWeight:
+        return quantize(weight, self.spec.W_dtype, self.group_size if self.group_size else -1,
+                        self.spec.zeros_mode)
+
+    def pack(self, weight, scale=None, zeros=None, bias=None) -> PackedWeight:
+        """Float weight [N, K] (quantised here), or a QuantizedWeight, or integer codes
+        [N, K] with their scale / zeros -> the layout this kernel reads."""
+        if isinstance(weight, QuantizedWeight):
+            qw = weight
+        elif np.issubdtype(np.asarray(weight).dtype, np.floating) and scale is None:
+            qw = self.quantize(weight)
+        else:
+            qw = self._from_codes(np.asarray(weight), scale, zeros)
+        N, K = qw.codes.shape
+        if (N, K) != (self.N, self.K):
+            raise ValueError(f"weight shape {(N, K)} does not match Matmul N, K = {(self.N, self.K)}")
+        if self.spec.with_bias != (bias is not None):
+            raise ValueError(f"with_bias={self.spec.with_bias} but bias {'missing' if bias is None else 'given'}")
+        s = self.spec
+        codes = np.zeros((N, s.K_pad), np.uint8)
+        codes[:, :K] = qw.codes
+        ng = s.K_pad // s.group_size
+        int_out = s.A_dtype == "int8" and s.out_dtype == "int32"
+        # int32 output is the raw integer accumulator: scales (if any) are the caller's to apply
+        scale_p = _pad_groups(qw.scale, ng) if qw.scale is not None and not int_out else None
+        zeros_p = _pad_groups(qw.zeros, ng) if qw.zeros is not None else None
+        if scale_p is None and not int_out:
+            raise ValueError("this kernel needs scales")
+        bdt = np.float32 if s.A_dtype == "int8" and s.out_dtype != "int32" else \
+            np.int32 if s.out_dtype == "int32" else _np_dtype(s.A_dtype)
+        b = None if bias is None else np.asarray(bias).astype(bdt).reshape(N)
+        return PackedWeight(pack_words(codes, s.bits, s.layout), scale_p, zeros_p, b, s.layout, K)
+
+    def _from_codes(self, w, scale, zeros) -> QuantizedWeight:
+        tt = self.wtype
+        if tt.kind in ("int", "uint"):
+            lo, hi = tt.qrange()
+            if w.min() < lo or w.max() > hi:
+                raise ValueError(f"{tt.name} values must lie in [{lo}, {hi}]")
+            codes = (w.astype(np.int64) - lo).astype(np.uint8)
+        else:
+            codes = w.astype(np.uint8)
+        G = self.group_size or self.K
+        sdt = np.uint8 if tt.kind == "block" else np.float16
+        sc = None if scale is None else np.asarray(scale).astype(sdt).reshape(self.N, -1)
+        zdt = np.uint8 if self.spec.zeros_mode == "quantized" else np.float16
+        zr = None if zeros is None else np.asarray(zeros).astype(zdt).reshape(self.N, -1)
+        if (zr is None) != (self.spec.zeros_mode is None):
+            raise ValueError(f"zeros_mode={self.spec.zeros_mode} needs zeros given exactly when set")
+        return QuantizedWeight(tt.name, codes, sc, zr, G, self.spec.zeros_mode)
+
+    def unpack(self, packed: PackedWeight) -> QuantizedWeight:
+        """Packed layout -> QuantizedWeight (bit-exact inverse of pack)."""
+        s = self.spec
+        codes = unpack_words(packed.words, s.bits, packed.layout)[:, :self.K]
+        ng = -(-self.K // s.group_size)
+        G = s.group_size if self.group_size else self.K
+        cut = (lambda x: None if x is None else x[:, :ng])
+        return QuantizedWeight(s.W_dtype, codes, cut(packed.scale), cut(packed.zeros), G, s.zeros_mode)
+
+    def reference(self, A: np.ndarray, packed: PackedWeight) -> np.ndarray:
+        """numpy: unpack, dequantise (float32), matmul in float64, add bias, cast."""
+        qw = self.unpack(packed)
+        if qw.scale is None:     # int8 activations, int32 output: pure integer GEMM
+            w = qw.codes.astype(np.int64) - (1 << (self.wtype.bits - 1))
+            out = np.asarray(A).astype(np.int64) @ w.T
+            if packed.bias is not None:
+                out = out + packed.bias.astype(np.int64)
+            return out.astype(np.int32)
+        w = dequantize(qw).astype(np.float64)
+        out = np.asarray(A).astype(np.float64) @ w.T
+        if packed.bias is not None:
+            out = out + packed.bias.astype(np.float64)
+        return out.astype(_np_dtype(self.spec.out_dtype))
+
+    # ---- device side ----
+    def launch_config(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        s = self.spec
+        if self.fused:
+            rows = s.R * s.warps
+            return (-(-s.N // rows), -(-s.M // s.MT), 1), (32 * s.warps, 1, 1)
+        words = s.K_pad * s.bits // 32
+        return (-(-(s.N * words) // 256), 1, 1), (256, 1, 1)
+
+    def _kernel(self):
+        if self._fn is None:
+            from .runtime import compile_kernel
+            self._fn = compile_kernel(self.source, self.name)
+        return self._fn
+
+    def to_device(self, packed: PackedWeight):
+        import cupy as cp
+        return [None if x is None else cp.asarray(_bits(x)) for x in packed.arrays()]
+
+    def __call__(self, A, packed, out=None):
+        """A: CuPy array [M, K]; packed: PackedWeight or its to_device() list."""
+        import cupy as cp
+        dev = self.to_device(packed) if isinstance(packed, PackedWeight) else packed
+        words, scale, zeros, bias = dev
+        s = self.spec
+        if A.shape != (self.M, self.K):
+            raise ValueError(f"A has shape {A.shape}, expected {(self.M, self.K)}")
+        # bf16 travels as raw uint16 bits (CuPy has no bfloat16 dtype)
+        odt = {"fp16": cp.float16, "fp32": cp.float32, "int32": cp.int32, "bf16": cp.uint16}[s.out_dtype]
+        null = cp.zeros(1, cp.uint8)
+        grid, block = self.launch_config()
+        if self.fused:
+            out = out if out is not None else cp.empty((self.M, self.N), odt)
+            self._kernel()(grid, block, (A, words, _or(scale, null), _or(zeros, null), _or(bias, null), out))
+            return out
+        bf16 = s.A_dtype == "bf16"
+        wdeq = cp.empty((self.N, self.K), cp.uint16 if bf16 else cp.float16)
+        self._kernel()(grid, block, (words, _or(scale, null), _or(zeros, null), wdeq))
+        if bf16:   # CuPy has no bf16 GEMM: exact widening to fp32, fp32 cuBLAS
+            from .runtime import bf16_bits_to_f32
+            res = cp.matmul(bf16_bits_to_f32(A.view(cp.uint16)), bf16_bits_to_f32(wdeq).T)
+        elif s.out_dtype == "fp16":
+            res = cp.matmul(A, wdeq.T)
+        else:
+            res = cp.matmul(A.astype(cp.float32), wdeq.T.astype(cp.float32))
+        if bias is not None:
+            from .runtime import bf16_bits_to_f32
+            res = res + (bf16_bits_to_f32(bias.view(cp.uint16)) if bf16 else bias.astype(res.dtype))
+        if s.out_dtype == "bf16":
+            from .runtime import f32_to_bf16_bits
+            res = f32_to_bf16_bits(res)
+        else:
+            res = res.astype(odt, copy=False)
+        if out is not None:
+            out[...] = res
+            return out
+        return res
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """bf16 host arrays go to the device as their uint16 bits."""
+    return x.view(np.uint16) if x.dtype.name == "bfloat16" else x
+
+
+def _or(x, y):
+    return y if x is None else x
+
+
+def _pad_groups(x: np.ndarray, ng: int) -> np.ndarray:
+    out = np.zeros((x.shape[0], ng), x.dtype)
+    out[:, :x.shape[1]] = x
+    return out

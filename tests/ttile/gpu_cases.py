@@ -1,0 +1,20 @@
+"""Shared by the GPU tests and the device precompile step: the matmuls the GPU tests run."""
+from __future__ import annotations
+
+from powerfusion.ttile.codegen import combinations
+from powerfusion.ttile.matmul import Matmul
+
+GPU_M = (1, 4, 16, 64, 256)
+GPU_N = 96        # not a multiple of rows per block (4 warps x 2 rows x ... ) on purpose
+GPU_K = 1000      # not a multiple of any lane chunk (16..128 elements)
+
+
+def group_for(w: str) -> int | None:
+    return None if w.startswith("mx") else 64
+
+
+def gpu_matmuls(K: int = GPU_K):
+    for a, w, zm, out in combinations():
+        for M in GPU_M:
+            yield Matmul(M, GPU_N, K, a, w, out_dtype=out, group_size=group_for(w),
+                         zeros_mode=zm, with_bias=True)

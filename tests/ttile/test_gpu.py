@@ -1,0 +1,75 @@
+"""Generated kernels against the numpy reference on a GPU.
+
+Tolerances (max |C - ref| relative to max |ref|): fp16 activations 5e-3, bf16 3e-2
+(products and <= 16-element partial sums are formed in the activation type, then
+accumulated in fp32), int8 activations with fp16 output 2e-3; int32 output bit-exact."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerfusion.ttile.codegen import combinations
+from tests.conftest import gpu_missing_reason
+
+from .gpu_cases import GPU_K, GPU_M, GPU_N, group_for
+
+pytestmark = pytest.mark.gpu
+TOL = {"fp16": 5e-3, "bf16": 3e-2, "int8": 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def _need_gpu():
+    if gpu_missing_reason():
+        pytest.skip(gpu_missing_reason())
+
+
+def _activations(rng, A_dtype, M, K):
+    import ml_dtypes
+    if A_dtype == "int8":
+        return rng.integers(-128, 128, (M, K)).astype(np.int8)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    return x.astype(np.float16) if A_dtype == "fp16" else x.astype(ml_dtypes.bfloat16)
+
+
+def _to_host(c, out_dtype):
+    import cupy as cp
+    h = cp.asnumpy(c)
+    if out_dtype == "bf16":
+        return (h.astype(np.uint32) << 16).view(np.float32)
+    return h
+
+
+def check(mm, rng, weight_scale=1.0):
+    import cupy as cp
+    from powerfusion.ttile.matmul import _bits
+    w = rng.standard_normal((mm.N, mm.K)).astype(np.float32) * weight_scale
+    bias = rng.standard_normal(mm.N) if mm.spec.out_dtype != "int32" else rng.integers(-50, 50, mm.N)
+    packed = mm.pack(w, bias=bias)
+    A = _activations(rng, mm.spec.A_dtype, mm.M, mm.K)
+    ref = mm.reference(A, packed)
+    got = _to_host(mm(cp.asarray(_bits(A)), packed), mm.spec.out_dtype)
+    if mm.spec.out_dtype == "int32":
+        np.testing.assert_array_equal(got, ref)
+        return
+    ref = ref.astype(np.float32)
+    err = np.abs(got.astype(np.float32) - ref).max() / max(np.abs(ref).max(), 1e-6)
+    assert err <= TOL[mm.spec.A_dtype], f"{mm.name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("combo", combinations(), ids=lambda c: "-".join(str(x) for x in c))
+@pytest.mark.parametrize("M", GPU_M)
+def test_matches_reference(combo, M):
+    from powerfusion.ttile.matmul import Matmul
+    a, w, zm, out = combo
+    mm = Matmul(M, GPU_N, GPU_K, a, w, out_dtype=out, group_size=group_for(w), zeros_mode=zm, with_bias=True)
+    check(mm, np.random.default_rng(M))
+
+
+@pytest.mark.parametrize("combo", [("fp16", "int4", None, "fp16"), ("bf16", "uint4", "quantized", "bf16"),
+                                   ("int8", "int2", None, "int32"), ("fp16", "nf4", None, "fp32")])
+def test_unaligned_k_and_per_channel(combo):
+    from powerfusion.ttile.matmul import Matmul
+    a, w, zm, out = combo
+    for M, K, g in ((1, 999, 32), (3, 777, None), (16, 130, 128)):
+        mm = Matmul(M, 40, K, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
+        check(mm, np.random.default_rng(K))
