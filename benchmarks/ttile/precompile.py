@@ -15,9 +15,10 @@ def _sources():
     for mm in gpu_matmuls():
         seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     if "--bench" in sys.argv:
-        for M in (1, 16, 256):
+        quick = "--quick" in sys.argv
+        for M in ((1,) if quick else (1, 16, 256)):
             combos = bench.M1_COMBOS if M == 1 else bench.BIG_COMBOS
-            for N, K in bench.SHAPES:
+            for N, K in (bench.SHAPES[:2] if quick else bench.SHAPES):
                 for A, W, zm in combos:
                     for R in ((None, 1, 4) if M == 1 else (None,)):
                         mm = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128,
