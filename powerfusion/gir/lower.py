@@ -1,0 +1,269 @@
+"""Lower one memory-bound subgraph to one GIR graph: one template candidate per basic op,
+merged in topological order (DESIGN.md "merge").
+
+* Tensors keep their sanitised names as GLOBAL buffers. A Reshape whose output stays
+  inside the subgraph is an alias of its input's buffer (no gOperator); otherwise it is
+  a copy template.
+* Between the ops that write a tensor and each later op that reads it, a DEVICE Sync:
+  inputs = the slices as written, outputs = the slices as read. The rewrite rules decide
+  (by sync scope) whether the data can stay in registers and the sync can go.
+* Differing parallel structures: the merged Parallel has the largest unit count; the
+  gOperators of a template with fewer units carry `guard = u < its units` (combined with
+  their own guard). Syncs stay unguarded (every unit reaching a barrier is harmless).
+  Every template uses the same group size (templates.common.UNITS_PER_GROUP), so
+  SHARED indexing and BLOCK syncs keep their meaning; a choice mixing group sizes is
+  rejected, since re-grouping would change which units share memory.
+* The default choice picks, per op, the candidate whose accesses of its neighbours'
+  tensors line up with theirs -- every element read by the unit and lane that wrote it
+  (scope LANE, powerfusion.gir.scope) -- so that the rewrite rules can fuse: a forward
+  pass matching producers, then sweeps matching producers and consumers.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable
+
+import numpy as np
+
+from powerfusion.errors import PowerFusionError
+from powerfusion.frontend.basic import BasicGraph, Reshape, Subgraph
+from powerfusion.gir.expr import U
+from powerfusion.gir.ir import GIRGraph, GOp, Level, Parallel, Scope, Sync
+from powerfusion.gir.scope import needed_scope
+from powerfusion.templates import candidates as node_candidates
+from powerfusion.templates.common import Candidate, Ctx, and_, buffer_names, resolve_target, sanitize
+
+MATCH_CAP = 1 << 20  # elements evaluated per match test; beyond it only equal patterns match
+
+
+class LowerError(PowerFusionError):
+    """A subgraph cannot be lowered with the given template choice."""
+
+
+# ---- naming and candidates ------------------------------------------------------------
+
+class _Plan:
+    """Per-subgraph lowering context: buffer names, aliases, candidate lists."""
+
+    def __init__(self, sub: Subgraph, graph: BasicGraph, target):
+        self.sub, self.graph, self.target = sub, graph, resolve_target(target)
+        tensors = list(dict.fromkeys(t for n in sub.nodes for t in n.inputs + n.outputs))
+        stem = sanitize(sub.name) + "_"
+        names = buffer_names(tensors)
+        self.names = {t: ("t_" + b if b.startswith(stem) else b) for t, b in names.items()}
+        outs = set(sub.outputs)
+        self.alias: dict[str, str] = {}
+        for n in sub.nodes:  # a reshape inside the subgraph is a new name for the same buffer
+            if isinstance(n.op, Reshape) and n.outputs[0] not in outs:
+                self.names[n.outputs[0]] = self.names[n.inputs[0]]
+                self.alias[n.outputs[0]] = n.inputs[0]
+        self.nodes = [n for n in sub.nodes if n.outputs[0] not in self.alias]
+        self._cands: dict[str, list[Candidate]] = {}
+
+    def candidates(self, node) -> list[Candidate]:
+        if node.name not in self._cands:
+            cs = node_candidates(node, self.graph.tensors, self.target, self.names, sanitize(self.sub.name))
+            if not cs:
+                o = node.origin
+                raise LowerError(f"no GIR template fits basic op {node.name} (node '{o.node}', {o.op_type}, "
+                                 f"opset {o.opset}, shapes {[self.graph.tensors[t].shape for t in node.inputs]})")
+            self._cands[node.name] = cs
+        return self._cands[node.name]
+
+    def rebind(self, node, c: Candidate) -> Candidate:
+        """The same template and parameters under this plan's names."""
+        ctx = Ctx(node, self.graph.tensors, self.target, self.names, sanitize(self.sub.name))
+        if c.ctx.names == ctx.names and c.ctx.prefix == ctx.prefix and c.ctx.target == ctx.target:
+            return c
+        return Candidate(c.name, c.params, ctx, c.builder)
+
+    def internal_edges(self):
+        """(producer node, consumer node, buffer) for tensors made and used inside the subgraph."""
+        made = {}
+        for n in self.nodes:
+            for t in n.outputs:
+                made[self.names[t]] = n
+        for n in self.nodes:
+            for t in dict.fromkeys(n.inputs):
+                b = self.names[t]
+                if b in made and made[b] is not n:
+                    yield made[b], n, b
+
+
+# ---- matching --------------------------------------------------------------------------
+
+def _accesses(g: GIRGraph, buffer: str, write: bool):
+    out = []
+    for op in g.ops:
+        if isinstance(op.args, Sync):
+            continue
+        for s in (op.outputs if write else op.inputs):
+            if s.buffer == buffer and s.level == Level.GLOBAL:
+                out.append((s, op.active_units(g.parallel.units)))
+    return out
+
+
+def lines_up(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
+    """Every element of `buffer` the consumer reads is read by the unit and lane that wrote it."""
+    gp, gc = producer.build(), consumer.build()
+    if gp.parallel.lanes != gc.parallel.lanes or gp.parallel.units_per_group != gc.parallel.units_per_group:
+        return False
+    ws, rs = _accesses(gp, buffer, True), _accesses(gc, buffer, False)
+    if not ws or not rs:
+        return False
+    for w, wu in ws:
+        for r, ru in rs:
+            if w.pattern() == r.pattern() and np.array_equal(wu, ru):
+                continue
+            if needed_scope(w, wu, r, ru, gp.parallel, cap=MATCH_CAP) != Scope.LANE:
+                return False
+    return True
+
+
+def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
+    fixed = fixed or {}
+    edges = list(plan.internal_edges())
+    memo: dict[tuple, bool] = {}
+
+    def match(p, c, b):
+        key = (id(p), id(c), b)
+        if key not in memo:
+            memo[key] = lines_up(p, c, b)
+        return memo[key]
+
+    choice: dict[str, Candidate] = {}
+
+    def score(node, cand, both: bool) -> int:
+        s = 0
+        for p, c, b in edges:
+            if c is node and p.name in choice:
+                s += match(choice[p.name], cand, b)
+            if both and p is node and c.name in choice:
+                s += match(cand, choice[c.name], b)
+        return s
+
+    def pick(node, both):
+        if node.name in fixed:
+            return plan.rebind(node, fixed[node.name])
+        cs = plan.candidates(node)
+        cur = choice.get(node.name, cs[0])
+        best, best_s = cur, score(node, cur, both)
+        for c in cs:
+            s = score(node, c, both)
+            if s > best_s:
+                best, best_s = c, s
+        return best
+
+    for n in plan.nodes:
+        choice[n.name] = pick(n, False)
+    for _ in range(sweeps):
+        changed = False
+        for n in list(reversed(plan.nodes)) + plan.nodes:
+            c = pick(n, True)
+            changed |= c is not choice[n.name]
+            choice[n.name] = c
+        if not changed:
+            break
+    return choice
+
+
+def default_choice(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> dict[str, Candidate]:
+    return _descend(_Plan(subgraph, graph, target))
+
+
+def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda", limit: int = 16) -> list[dict[str, Candidate]]:
+    """Template choices for the perf-model search: the default first, then for every op and
+    every other candidate of it, the plan with that candidate fixed and the rest re-matched
+    around it (so whole families -- all row-per-unit, all column-wise -- appear). Deduplicated."""
+    plan = _Plan(subgraph, graph, target)
+    plans, seen = [], set()
+
+    def add(ch):
+        key = tuple(ch[n.name].label for n in plan.nodes)
+        if key not in seen:
+            seen.add(key)
+            plans.append(ch)
+    add(_descend(plan))
+    for n in plan.nodes:
+        for c in plan.candidates(n):
+            if len(plans) >= limit:
+                return plans
+            add(_descend(plan, {n.name: c}, sweeps=1))
+    return plans[:limit]
+
+
+# ---- merging ---------------------------------------------------------------------------
+
+def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = None, target="cuda") -> GIRGraph:
+    """One GIR graph for the subgraph: one candidate per op (default_choice where not given)."""
+    plan = _Plan(subgraph, graph, target)
+    chosen = _descend(plan) if choice is None else {}
+    if choice is not None:
+        for n in plan.nodes:
+            c = choice.get(n.name)
+            chosen[n.name] = plan.rebind(n, c) if c is not None else _descend(plan, dict(choice))[n.name]
+    parts = [(n, chosen[n.name], chosen[n.name].build()) for n in plan.nodes]
+    return merge(plan, parts)
+
+
+def merge(plan: _Plan, parts) -> GIRGraph:
+    sub, graph = plan.sub, plan.graph
+    if not parts:
+        raise LowerError(f"subgraph {sub.name} has nothing to compute (only aliases)")
+    lanes = {g.parallel.lanes for _, _, g in parts}
+    groups = {g.parallel.units_per_group for _, _, g in parts if _uses_groups(g)} or \
+             {parts[0][2].parallel.units_per_group}
+    if len(lanes) != 1 or len(groups) != 1:
+        raise LowerError(f"subgraph {sub.name}: templates disagree on lanes {sorted(lanes)} or group size "
+                         f"{sorted(groups)}")
+    P = Parallel(max(g.parallel.units for _, _, g in parts), groups.pop(), lanes.pop())
+    buffers: dict[str, object] = {}
+    ops: list[GOp] = []
+    writes: dict[str, list] = {}   # buffer -> slices as written so far
+    for node, cand, g in parts:
+        for b in g.buffers:
+            old = buffers.setdefault(b.name, b)
+            if old != b:
+                raise LowerError(f"subgraph {sub.name}: buffer '{b.name}' declared differently by two templates "
+                                 f"({old} vs {b})")
+        mine = _guarded(g.ops, g.parallel.units, P.units)
+        for b in dict.fromkeys(plan.names[t] for t in node.inputs):
+            if b in writes:
+                reads = [s for op in mine if not isinstance(op.args, Sync) for s in op.inputs if s.buffer == b]
+                ops.append(GOp(Sync(Scope.DEVICE), tuple(writes[b]), tuple(reads), origin=f"merge:{node.name}"))
+        ops.extend(mine)
+        for op in mine:
+            if not isinstance(op.args, Sync):
+                for s in op.outputs:
+                    if s.level == Level.GLOBAL:
+                        writes.setdefault(s.buffer, []).append(s)
+    consts = [t for t in sub.inputs if t in graph.constants]
+    inputs = tuple(dict.fromkeys(plan.names[t] for t in sub.inputs if t not in graph.constants))
+    outputs = tuple(dict.fromkeys(plan.names[t] for t in sub.outputs))
+    constants = tuple((plan.names[t], np.asarray(graph.constants[t])) for t in consts)
+    for t in consts:
+        buffers.setdefault(plan.names[t], _global_buffer(plan, t))
+    templates = tuple((node.name, cand.label) for node, cand, _ in parts)
+    return GIRGraph(sanitize(sub.name), P, tuple(buffers.values()), tuple(ops), inputs, outputs, constants, templates)
+
+
+def _global_buffer(plan: _Plan, t: str):
+    from powerfusion.gir.ir import Buffer
+    info = plan.graph.tensors[t]
+    return Buffer(plan.names[t], Level.GLOBAL, max(info.size, 1), np.dtype(info.dtype).name)
+
+
+def _uses_groups(g: GIRGraph) -> bool:
+    return any(b.level == Level.SHARED for b in g.buffers) or any(
+        isinstance(op.args, Sync) and op.args.scope == Scope.BLOCK for op in g.ops)
+
+
+def _guarded(ops: Iterable[GOp], units: int, total: int) -> list[GOp]:
+    if units >= total:
+        return list(ops)
+    return [op if isinstance(op.args, Sync) else replace(op, guard=and_(U.lt(units), op.guard)) for op in ops]
+
+
+def templates_of(gir: GIRGraph) -> list[tuple[str, str]]:
+    """(basic node, template with parameters) per op of the subgraph, for reports."""
+    return list(gir.templates)
