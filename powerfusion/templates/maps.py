@@ -49,8 +49,15 @@ class Part:
     guard: Callable[[list[Expr]], Expr | None] | None = None  # per-unit condition from the coordinates
 
 
+def tile_width(tp: TileParams, shape, lanes: int) -> int:
+    """W = lanes*vec; rows of one element (a reduction's output) are 1 x 1 per unit."""
+    if tp.kind == "rows" and prod(shape[tp.split:]) == 1:
+        return 1
+    return lanes * tp.vec
+
+
 def tiling(tp: TileParams, shape, lanes: int):
-    W = lanes * tp.vec
+    W = tile_width(tp, shape, lanes)
     if tp.kind == "rows":
         return rows_tiling(shape, tp.split, W)
     if tp.kind == "chunk":
@@ -104,7 +111,6 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
     """One graph from map parts; parts run one after another on units 0..units_k-1
     (guarded where a part needs fewer units than the widest)."""
     em = Emitter(ctx)
-    W = ctx.lanes * tp.vec
     tiled = [tiling(tp, p.space, ctx.lanes) for p in parts]
     units = max(t[1] for t in tiled)
     for k, (p, (pieces, n_units, num, tail)) in enumerate(zip(parts, tiled)):
@@ -112,6 +118,7 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
         if p.guard is not None:
             guard = and_(guard, p.guard(coords(pieces, p.space)))
         tag = f"p{k}_" if len(parts) > 1 else ""
+        W = tile_width(tp, p.space, ctx.lanes)
         regs = [load(em, s, pieces, p.space, num, W, tp.vec, tail, f"{tag}in{n}", guard)
                 for n, s in enumerate(p.sources)]
         if p.fn is not None:
@@ -132,6 +139,9 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
 
     def vsets(extent):  # the widest vector dividing the extent, and scalar
         return list(dict.fromkeys((max(v for v in vecs if extent % v == 0), 1)))
+    if "rows" in kinds and rank and shape[-1] == 1 and prod(shape) > 1:
+        s = max(d for d in range(rank) if shape[d] != 1) + 1  # one element per unit: a reduction's row
+        out.append(TileParams("rows", 1, split=s))
     if "rows" in kinds:
         for s in (splits if splits is not None else range(rank - 1, 0, -1)):
             if 0 < s < rank and prod(shape[s:]) > 1:

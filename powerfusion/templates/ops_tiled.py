@@ -9,7 +9,8 @@ from powerfusion.gir.expr import Expr, I, J, U, const
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Scope, Sync
 from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           contiguous_view, coords, in_range, prod, reg_dtype, view_index)
-from powerfusion.templates.maps import Source, TileParams, load, map_tilings, store, tiling, vecs_for
+from powerfusion.templates.maps import (Source, TileParams, load, map_tilings, store, tile_width, tiling,
+                                        vecs_for)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ def concat_rows(ctx: Ctx) -> list[Candidate]:
     res = []
     for tp in map_tilings(oshape, vecs_for(ctx, list(ctx.node.inputs) + [out]), ctx.lanes, hint, ("rows",),
                           range(rank - 1, axis, -1)):
+        if tp.split <= axis:
+            continue
         c = Candidate("concat.rows", tp, ctx, _build_concat_rows)
         try:
             c.build()
@@ -98,7 +101,7 @@ def _build_concat_rows(ctx: Ctx, tp: TileParams):
     axis = ctx.node.op.axis
     out = ctx.node.outputs[0]
     oshape = ctx.tensors[out].shape
-    W = ctx.lanes * tp.vec
+    W = tile_width(tp, oshape, ctx.lanes)
     pieces, units, num, tail = tiling(tp, oshape, ctx.lanes)
     ca = coords(pieces, oshape)[axis]
     em = Emitter(ctx)
