@@ -1,0 +1,79 @@
+"""Modelled memory traffic of a GIR graph: bytes moved at each memory level.
+
+Every gOperator but `sync` moves the elements of each of its slices once, at that slice's
+level: a move reads its input and writes its output, a compute gOperator reads its inputs
+and writes its output (compute runs on registers, so that is register traffic). A slice
+counts `num * width` elements per active unit, times the element size.
+
+Approximations (stated, since the rules only need a consistent order):
+* valid masks: elements where `valid` is false are not counted; the mask is evaluated on
+  at most `MASK_SAMPLE` units spread over the active ones and scaled up;
+* guards and masks that gather from runtime data count as "every unit / element";
+* gather index reads (`load` in an index) are not counted (they are tiny next to data);
+* no caches: a global element read twice counts twice.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from powerfusion.gir.expr import loads
+from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, Parallel, Sync
+
+LEVELS = tuple(lv.label for lv in sorted(Level, reverse=True))   # ("global", "shared", "register")
+MASK_SAMPLE = 256
+
+
+def _itemsize(dtype: str) -> int:
+    if dtype == "bfloat16":
+        return 2
+    return np.dtype(dtype).itemsize
+
+
+def _units(op: GOp, parallel: Parallel) -> np.ndarray:
+    if op.guard is not None and loads(op.guard):
+        return np.arange(parallel.units)
+    return op.active_units(parallel.units)
+
+
+def _elements(s: MemorySlice, units: np.ndarray) -> float:
+    if s.valid is None or loads(s.valid) or len(units) == 0:
+        return float(s.count * len(units))
+    sample = units if len(units) <= MASK_SAMPLE else units[np.linspace(0, len(units) - 1, MASK_SAMPLE).astype(np.int64)]
+    return float(s.mask(sample).mean() * s.count * len(units))
+
+
+@lru_cache(maxsize=65536)
+def op_traffic(op: GOp, parallel: Parallel) -> tuple[tuple[str, int], ...]:
+    """(level label, bytes) pairs of one gOperator."""
+    if isinstance(op.args, Sync):
+        return ()
+    units = _units(op, parallel)
+    out: dict[str, float] = {}
+    for s in op.inputs + op.outputs:
+        out[s.level.label] = out.get(s.level.label, 0.0) + _elements(s, units) * _itemsize(s.dtype)
+    return tuple((k, int(round(v))) for k, v in out.items())
+
+
+def traffic(graph: GIRGraph) -> dict[str, int]:
+    """Bytes moved at each level: {'global': .., 'shared': .., 'register': ..}."""
+    total = dict.fromkeys(LEVELS, 0)
+    for op in graph.ops:
+        for level, b in op_traffic(op, graph.parallel):
+            total[level] += b
+    return total
+
+
+def total_bytes(t: dict[str, int]) -> int:
+    return sum(t.values())
+
+
+def kernel_count(graph: GIRGraph) -> int:
+    """Kernels after splitting at the DEVICE syncs that remain (GIRGraph.kernels())."""
+    return len(graph.kernels())
+
+
+def not_worse(before: dict[str, int], after: dict[str, int]) -> bool:
+    """The rewriting invariant: global bytes and total bytes do not rise."""
+    return after["global"] <= before["global"] and total_bytes(after) <= total_bytes(before)

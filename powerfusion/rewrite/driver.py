@@ -1,0 +1,158 @@
+"""The greedy rewrite driver (the paper's Algorithm 1), with a trace of every application.
+
+    repeat:
+        apply SYNC_RULES and SWAP_RULES until none applies
+        apply MERGE_RULES until none applies
+    until the merge phase changed nothing
+
+Termination. Every rule application strictly decreases `measure(graph)`, a tuple of
+non-negative integers compared lexicographically:
+  1. sum over the slices of non-sync gOperators of 4**level, plus 4**scope per sync:
+     promotion lowers >= 2 slices by >= 1 level (16 -> 4 or 1, 4 -> 1) and adds at most
+     one narrower sync (it refuses the one case that would not pay: same level, old sync
+     kept); merges delete gOperators or re-source a read from a faster level;
+     swaps keep it equal (the same slices at the same levels);
+  2. the number of gOperators;
+  3. the number of slices named by syncs (dropping unread ones);
+  4. sum over elementwise gOperators of the gOperators after them (swaps only move
+     elementwise forward);
+  5. sum over moves of the length of the move chain feeding them (composition keeping
+     the first move, at equal level, shortens it).
+The driver checks that decrease at every step (and that modelled traffic does not rise),
+and an iteration cap backs it: exceeding it is a bug and raises.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from powerfusion.gir.ir import Elementwise, GIRGraph, Sync
+from powerfusion.gir.traffic import not_worse, traffic, total_bytes
+from powerfusion.rewrite.base import is_move, writers
+from powerfusion.rewrite.merge_rules import MERGE_RULES
+from powerfusion.rewrite.swap_rules import SWAP_RULES
+from powerfusion.rewrite.sync_rules import SYNC_RULES
+
+PHASES = (("sync+swap", {**SYNC_RULES, **SWAP_RULES}), ("merge", MERGE_RULES))
+ALL_RULES = {**SYNC_RULES, **SWAP_RULES, **MERGE_RULES}
+
+
+class RewriteInvariantError(AssertionError):
+    """A rule broke a driver invariant (traffic rose, or the termination measure did not drop)."""
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    rule: str
+    before: GIRGraph
+    after: GIRGraph
+    changed: tuple[int, ...]   # uids (in `before`) of the gOperators replaced or removed
+
+
+def measure(g: GIRGraph) -> tuple[int, int, int, int, int]:
+    weight = 0
+    sync_slices = 0
+    for op in g.ops:
+        if isinstance(op.args, Sync):
+            weight += 4 ** int(op.args.scope)
+            sync_slices += len(op.inputs) + len(op.outputs)
+        else:
+            weight += sum(4 ** int(s.level) for s in op.inputs + op.outputs)
+    n = len(g.ops)
+    ew_pos = sum(n - 1 - k for k, op in enumerate(g.ops) if isinstance(op.args, Elementwise))
+    return weight, n, sync_slices, ew_pos, _chain_depth(g)
+
+
+def _chain_depth(g: GIRGraph) -> int:
+    depth: dict[int, int] = {}
+    for k, op in enumerate(g.ops):
+        if is_move(op):
+            ws = [w for w in writers(g, op.inputs[0].buffer) if w < k]
+            depth[k] = 1 + depth.get(ws[-1], 0) if ws and is_move(g.ops[ws[-1]]) else 0
+    return sum(depth.values())
+
+
+def _unique_uids(g: GIRGraph) -> GIRGraph:
+    uids = [op.uid for op in g.ops]
+    if len(set(uids)) == len(uids) and 0 not in uids:
+        return g
+    return replace(g, ops=tuple(replace(op, uid=k + 1) for k, op in enumerate(g.ops)))
+
+
+def _step_limit(g: GIRGraph) -> int:
+    return 64 + 32 * len(g.ops)
+
+
+def _check(name: str, before: GIRGraph, after: GIRGraph) -> None:
+    tb, ta = traffic(before), traffic(after)
+    if not not_worse(tb, ta):
+        raise RewriteInvariantError(f"rule '{name}' raised modelled traffic on {before.name}: "
+                                    f"global {tb['global']} -> {ta['global']}, total {total_bytes(tb)} -> {total_bytes(ta)}")
+    mb, ma = measure(before), measure(after)
+    if not ma < mb:
+        raise RewriteInvariantError(f"rule '{name}' did not decrease the termination measure on {before.name}: {mb} -> {ma}")
+
+
+def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int) -> tuple[GIRGraph, bool]:
+    """Apply `rules` until none applies anywhere; returns (graph, whether anything changed)."""
+    changed = False
+    start = 0
+    while True:
+        hit = None
+        for at in range(start, len(g.ops)):
+            for name, rule in rules.items():
+                rw = rule(g, at)
+                if rw is not None:
+                    hit = (name, rw, at)
+                    break
+            if hit:
+                break
+        if hit is None:
+            if start == 0:
+                return g, changed
+            start = 0      # a final sweep from the top confirms the fixpoint
+            continue
+        name, rw, at = hit
+        new = rw.apply(g)
+        _check(name, g, new)
+        trace.append(TraceStep(name, g, new, rw.changed))
+        if len(trace) > limit:
+            raise RewriteInvariantError(f"rewriting {g.name} exceeded {limit} steps")
+        g, changed, start = new, True, max(0, at - 1)
+
+
+def _key(g: GIRGraph) -> tuple:
+    """Structural identity: gOperator equality ignores uids and names of the graph itself."""
+    data = hashlib.sha256()
+    for name, arr in g.constants:
+        data.update(name.encode())
+        data.update(np.ascontiguousarray(arr).tobytes())
+    return g.parallel, g.buffers, g.ops, g.inputs, g.outputs, data.hexdigest()
+
+
+_MEMO: dict[tuple, tuple[GIRGraph, tuple[TraceStep, ...]]] = {}
+
+
+def optimise(graph: GIRGraph) -> tuple[GIRGraph, list[TraceStep]]:
+    """Rewrite `graph` greedily to a fixpoint; returns the result and the trace of every step.
+    Structurally equal graphs (repeated layers) are optimised once (memo by structural hash)."""
+    key = _key(graph)
+    if key in _MEMO:
+        out, trace = _MEMO[key]
+        return replace(out, name=graph.name, templates=graph.templates), list(trace)
+    g = _unique_uids(graph)
+    trace: list[TraceStep] = []
+    limit = _step_limit(g)
+    while True:
+        g, _ = _exhaust(g, PHASES[0][1], trace, limit)
+        g, merged = _exhaust(g, PHASES[1][1], trace, limit)
+        if not merged:
+            break
+    _MEMO[key] = (g, tuple(trace))
+    return g, trace
+
+
+def clear_memo() -> None:
+    _MEMO.clear()

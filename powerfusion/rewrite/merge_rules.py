@@ -1,0 +1,205 @@
+"""Merge rules: remove redundant data movement (read-after-write and read-after-read).
+
+Register and shared data do not survive a kernel boundary, so a rule that makes a later op
+read such data directly checks that no DEVICE sync (other than one that only guards the
+buffer being bypassed, which then goes) separates the two.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from powerfusion.gir.expr import binop
+from powerfusion.gir.ir import GIRGraph, Level, MemorySlice, Scope
+from powerfusion.gir.traffic import not_worse, traffic
+from powerfusion.rewrite.base import (Rewrite, active_units, consts, interface, is_move, is_sync, loaded_anywhere,
+                                      next_uid, readers, register_layout_ok, rename_buffer, same_guard, written_between, writers)
+from powerfusion.rewrite.patterns import writer_coords
+
+_NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}
+
+
+def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str] = frozenset()) -> bool:
+    """Is there a kernel boundary in (lo, hi) that stays (guards more than `ignore`)?"""
+    for op in g.ops[lo + 1:hi]:
+        if is_sync(op) and op.args.scope == Scope.DEVICE:
+            names = {s.buffer for s in op.inputs + op.outputs}
+            if not names or names - ignore:
+                return True
+    return False
+
+
+def _sole_writer_move(g: GIRGraph, name: str, before: int) -> int | None:
+    ws = writers(g, name)
+    if len(ws) == 1 and ws[0] < before and is_move(g.ops[ws[0]]):
+        return ws[0]
+    return None
+
+
+def _last_use(g: GIRGraph, name: str, default: int) -> int:
+    return max(readers(g, name), default=default)
+
+
+def _checked(g: GIRGraph, ops, changed) -> Rewrite | None:
+    """A rewrite, unless it would raise modelled traffic."""
+    rw = Rewrite(tuple(ops), g.buffers, tuple(changed))
+    return rw if not_worse(traffic(g), traffic(rw.apply(g))) else None
+
+
+def _rename_after(ops, start: int, old: str, new: str):
+    return [rename_buffer(op, old, new) if k > start else op for k, op in enumerate(ops)]
+
+
+def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
+    """move(a -> t) ; move(t -> b) => move(a -> b), through the composed index map;
+    the first move stays only when t is an output or read elsewhere."""
+    op2 = g.ops[at]
+    if not is_move(op2):
+        return None
+    p2 = op2.inputs[0]
+    t = p2.buffer
+    if t in g.inputs or t in dict(g.constants) or loaded_anywhere(g, t):
+        return None
+    w = _sole_writer_move(g, t, at)
+    if w is None:
+        return None
+    op1 = g.ops[w]
+    pa, p1 = op1.inputs[0], op1.outputs[0]
+    a = pa.buffer
+    if a == t or a == op2.outputs[0].buffer or written_between(g, a, w, at):
+        return None
+    if g.buffer(a).dtype != g.buffer(t).dtype:
+        return None   # the intermediate rounds: composing would change the numbers
+    if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset({t})):
+        return None
+    u1, u2 = active_units(g, op1), active_units(g, op2)
+    if u1 is None or u2 is None:
+        return None
+    c = writer_coords(p1, u1, p2, u2, g.parallel, _NEED[pa.level], consts(g))
+    if c is None:
+        return None
+    va = c.at(pa.valid) if pa.valid is not None else None
+    if va is not None and p2.valid is not None:
+        if pa.fill != p2.fill:
+            return None
+        valid, fill = binop("and", va, p2.valid), pa.fill
+    else:
+        valid, fill = (va, pa.fill) if va is not None else (p2.valid, p2.fill)
+    src = MemorySlice(a, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec, valid, fill)
+    if not register_layout_ok(src):
+        return None
+    keep = t in g.outputs or readers(g, t) != [at]
+    if keep and pa.level > p2.level:
+        return None
+    ops = list(g.ops)
+    ops[at] = replace(op2, inputs=(src,), uid=next_uid(g))
+    changed = [op2.uid]
+    if not keep:
+        del ops[w]
+        changed.append(op1.uid)
+    return _checked(g, ops, changed)
+
+
+def _renameable(g: GIRGraph, old: str, new: str, start: int, at: int, ignore: frozenset[str] = frozenset()) -> bool:
+    """Can readers of `old` after `at` read `new` instead (new unchanged meanwhile, no kernel boundary)?"""
+    if old in interface(g) or loaded_anywhere(g, old) or writers(g, old) != [at]:
+        return False
+    if any(r < at for r in readers(g, old)):
+        return False
+    last = _last_use(g, old, at)
+    if written_between(g, new, start, last + 1):
+        return False
+    return g.buffer(new).level == Level.GLOBAL or not device_barrier_between(g, start, last + 1, ignore)
+
+
+def cancel_moves(g: GIRGraph, at: int) -> Rewrite | None:
+    """move(a -> t) ; move(t -> b) => nothing, when t is read as written and b as a is:
+    later ops read a for b."""
+    op2 = g.ops[at]
+    if not is_move(op2):
+        return None
+    p2, pb = op2.inputs[0], op2.outputs[0]
+    t, b = p2.buffer, pb.buffer
+    w = _sole_writer_move(g, t, at)
+    if w is None or t in interface(g) or loaded_anywhere(g, t) or readers(g, t) != [at]:
+        return None
+    op1 = g.ops[w]
+    pa, p1 = op1.inputs[0], op1.outputs[0]
+    a = pa.buffer
+    if not same_guard(op1, op2) or p1.pattern() != p2.pattern() or pa.pattern() != pb.pattern():
+        return None
+    if any(s.valid is not None for s in (pa, p1, p2, pb)) or a == b:
+        return None
+    dts = {g.buffer(x).dtype for x in (a, t, b)}
+    if len(dts) != 1 or pa.level != pb.level or written_between(g, a, w, at):
+        return None
+    if not _renameable(g, b, a, w, at, frozenset({t})):
+        return None
+    ops = _rename_after(g.ops, at, b, a)
+    del ops[at]
+    del ops[w]
+    return Rewrite(tuple(ops), g.buffers, (op1.uid, op2.uid))
+
+
+def drop_identity_move(g: GIRGraph, at: int) -> Rewrite | None:
+    """move(a -> b), same level, pattern and type => nothing: later ops read a for b."""
+    op = g.ops[at]
+    if not is_move(op):
+        return None
+    pa, pb = op.inputs[0], op.outputs[0]
+    if pa.buffer == pb.buffer or pa.level != pb.level or pa.pattern() != pb.pattern():
+        return None
+    if pa.valid is not None or g.buffer(pa.buffer).dtype != g.buffer(pb.buffer).dtype:
+        return None
+    if not _renameable(g, pb.buffer, pa.buffer, at, at):
+        return None
+    ops = _rename_after(g.ops, at, pb.buffer, pa.buffer)
+    del ops[at]
+    return Rewrite(tuple(ops), g.buffers, (op.uid,))
+
+
+def merge_parallel_moves(g: GIRGraph, at: int) -> Rewrite | None:
+    """move(a -> b1) ‖ move(a -> b2) => move(a -> b1): the second reads b1 (or vanishes)."""
+    op2 = g.ops[at]
+    if not is_move(op2):
+        return None
+    s = op2.inputs[0]
+    for w in range(at):
+        op1 = g.ops[w]
+        if not (is_move(op1) and op1.inputs[0] == s and same_guard(op1, op2)):
+            continue
+        if written_between(g, s.buffer, w, at):
+            continue
+        b1, b2 = op1.outputs[0], op2.outputs[0]
+        if writers(g, b1.buffer) != [w] or b1.buffer == b2.buffer:
+            continue
+        if (b1.pattern() == b2.pattern() and b1.level == b2.level
+                and g.buffer(b1.buffer).dtype == g.buffer(b2.buffer).dtype and _renameable(g, b2.buffer, b1.buffer, at, at)):
+            ops = _rename_after(g.ops, at, b2.buffer, b1.buffer)
+            del ops[at]
+            return Rewrite(tuple(ops), g.buffers, (op2.uid,))
+        if (b1.level < s.level and b1.valid is None and g.buffer(b1.buffer).dtype == g.buffer(s.buffer).dtype
+                and (b1.level == Level.GLOBAL or not device_barrier_between(g, w, at))):
+            ops = list(g.ops)
+            ops[at] = replace(op2, inputs=(b1,), uid=next_uid(g))
+            return _checked(g, ops, (op2.uid,))
+    return None
+
+
+def drop_dead_op(g: GIRGraph, at: int) -> Rewrite | None:
+    """op(-> x) => nothing, when nothing after it reads x and x is no output."""
+    op = g.ops[at]
+    if is_sync(op) or not op.outputs:
+        return None
+    for s in op.outputs:
+        if s.buffer in interface(g) or loaded_anywhere(g, s.buffer) or any(r > at for r in readers(g, s.buffer)):
+            return None
+    return Rewrite(g.ops[:at] + g.ops[at + 1:], g.buffers, (op.uid,))
+
+
+MERGE_RULES = {
+    "move ; move => nothing": cancel_moves,
+    "move ; move => move": compose_moves,
+    "move(a -> a') => nothing": drop_identity_move,
+    "move(a) ‖ move(a) => move(a)": merge_parallel_moves,
+    "op(unread) => nothing": drop_dead_op,
+}

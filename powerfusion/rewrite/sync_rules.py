@@ -1,0 +1,155 @@
+"""Sync rules: promote data exchanged across a sync to the fastest level its exact scope allows.
+
+Where a promoted buffer lives (the renderer's contract):
+* LANE  -> a REGISTER buffer, identity layout over the writer's slice (index i*width + j);
+           no sync is left (each lane reads what it wrote).
+* WARP  -> a SHARED buffer with one region per unit (warp): index (u % upg)*count + i*width + j,
+           followed by Sync(WARP). A renderer implements it as per-warp shared staging with
+           __syncwarp (or, where it recognises the pattern, shuffles).
+* BLOCK -> a SHARED buffer, one region per writing unit of the group, then Sync(BLOCK).
+* DEVICE stays as it is.
+The reader's index into the new buffer is the writer position of the element it reads
+(patterns.writer_coords, checked exactly), so the layout is always the writer's identity.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from powerfusion.gir.expr import U, I, J, Expr
+from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Scope, Sync
+from powerfusion.gir.scope import needed_scope
+from powerfusion.rewrite.base import (Rewrite, active_units, consts, fresh_name, interface, is_move, is_sync,
+                                      loaded_anywhere, next_uid, readers, register_layout_ok, writers)
+from powerfusion.rewrite.patterns import writer_coords
+
+_TARGET = {Scope.LANE: Level.REGISTER, Scope.WARP: Level.SHARED, Scope.BLOCK: Level.SHARED}
+_NEED = {Scope.LANE: "lane", Scope.WARP: "unit", Scope.BLOCK: "group"}
+
+
+def _sync_buffers(op: GOp) -> list[str]:
+    seen: list[str] = []
+    for s in op.inputs + op.outputs:
+        if s.buffer not in seen:
+            seen.append(s.buffer)
+    return seen
+
+
+def _drop(op: GOp, name: str) -> GOp:
+    return replace(op, inputs=tuple(s for s in op.inputs if s.buffer != name),
+                   outputs=tuple(s for s in op.outputs if s.buffer != name))
+
+
+def _position(scope: Scope, count: int, width: int, upg: int, u: Expr, i: Expr, j: Expr) -> Expr:
+    pos = i * width + j
+    return pos if scope == Scope.LANE else (u % upg) * count + pos
+
+
+def _lane_identity(w: MemorySlice, r: MemorySlice, c) -> bool:
+    probe = MemorySlice("_", Level.REGISTER, c.i * w.width + c.j, r.num, r.width, r.dtype)
+    return register_layout_ok(probe)
+
+
+def promote_sync(g: GIRGraph, at: int) -> Rewrite | None:
+    """move ; sync(s0) ; move => move ; sync(s) ; move, s < s0 the exact scope (LANE: no sync)."""
+    sync = g.ops[at]
+    if not is_sync(sync):
+        return None
+    for name in _sync_buffers(sync):
+        rw = _promote(g, at, name)
+        if rw is not None:
+            return rw
+    return None
+
+
+def _promote(g: GIRGraph, at: int, name: str) -> Rewrite | None:
+    sync = g.ops[at]
+    if name in interface(g) or loaded_anywhere(g, name):
+        return None
+    ws, rs = writers(g, name), readers(g, name)
+    if len(ws) != 1 or not rs or ws[0] >= at or any(r < at for r in rs):
+        return None
+    w = ws[0]
+    wop = g.ops[w]
+    if not is_move(wop) or not all(is_move(g.ops[r]) for r in rs):
+        return None
+    wslice = wop.outputs[0]
+    wunits = active_units(g, wop)
+    P, data = g.parallel, consts(g)
+    if wunits is None:
+        return None
+    scope, coords = Scope.LANE, []
+    for r in rs:
+        runits = active_units(g, g.ops[r])
+        if runits is None:
+            return None
+        scope = max(scope, needed_scope(wslice, wunits, g.ops[r].inputs[0], runits, P, data))
+    if scope >= sync.args.scope or _TARGET.get(scope, Level.GLOBAL) > g.buffer(name).level:
+        return None
+    if _TARGET[scope] == g.buffer(name).level and len(_sync_buffers(sync)) > 1:
+        return None   # same level, a narrower sync beside the kept one: no progress (driver.measure)
+    for r in rs:
+        c = writer_coords(wslice, wunits, g.ops[r].inputs[0], active_units(g, g.ops[r]), P, _NEED[scope], data)
+        if c is None:
+            return None
+        coords.append(c)
+    if scope == Scope.LANE and not all(_lane_identity(wslice, g.ops[r].inputs[0], c) for r, c in zip(rs, coords)):
+        scope = Scope.WARP   # same lane, other register position: stage through the warp's shared region
+        if scope >= sync.args.scope:
+            return None
+    old = g.buffer(name)
+    level, upg, count, width = _TARGET[scope], P.units_per_group, wslice.count, wslice.width
+    new = Buffer(fresh_name(g, f"{name}_{scope.label}"), level,
+                 count if scope == Scope.LANE else upg * count, old.dtype)
+    new_w = MemorySlice(new.name, level, _position(scope, count, width, upg, U, I, J), wslice.num, width,
+                        wslice.dtype, wslice.vec, wslice.valid, wslice.fill)
+    ops = list(g.ops)
+    uid = next_uid(g)
+    ops[w] = replace(wop, outputs=(new_w,), uid=uid)
+    new_rs = []
+    for k, (r, c) in enumerate(zip(rs, coords)):
+        rs_old = g.ops[r].inputs[0]
+        rs_new = replace(rs_old, buffer=new.name, level=level,
+                         index=_position(scope, count, width, upg, c.u, c.i, c.j))
+        new_rs.append(rs_new)
+        ops[r] = replace(g.ops[r], inputs=(rs_new,), uid=uid + 1 + k)
+    # the old buffer's slices leave every sync; an emptied sync goes
+    for k, op in enumerate(g.ops):
+        if is_sync(op) and name in _sync_buffers(op):
+            ops[k] = _drop(op, name)
+    if scope != Scope.LANE:
+        ops[at] = (GOp(Sync(scope), (new_w,), tuple(new_rs), origin=sync.origin, uid=uid + len(rs) + 1), ops[at])
+    flat = []
+    for k, op in enumerate(ops):
+        for o in (op if isinstance(op, tuple) else (op,)):
+            if is_sync(o) and not (o.inputs or o.outputs) and (g.ops[k].inputs or g.ops[k].outputs):
+                continue
+            flat.append(o)
+    changed = tuple(g.ops[k].uid for k in [w, at, *rs])
+    return Rewrite(tuple(flat), g.buffers + (new,), changed)
+
+
+def drop_unread_sync(g: GIRGraph, at: int) -> Rewrite | None:
+    """sync(x) => nothing, when nothing after it reads x (or nothing before writes it)."""
+    sync = g.ops[at]
+    if not is_sync(sync) or not (sync.inputs or sync.outputs):
+        return None
+    names = {b.name for b in g.buffers}
+    dead = [n for n in _sync_buffers(sync)
+            if n not in names or not any(r > at for r in readers(g, n)) or not any(w < at for w in writers(g, n))]
+    if not dead:
+        return None
+    op = sync
+    for n in dead:
+        op = _drop(op, n)
+    ops = list(g.ops)
+    if op.inputs or op.outputs:
+        ops[at] = replace(op, uid=next_uid(g))
+    else:
+        del ops[at]
+    return Rewrite(tuple(ops), g.buffers, (sync.uid,))
+
+
+SYNC_RULES = {
+    "move ; sync(s0) ; move => move ; sync(s) ; move": promote_sync,
+    "sync(unread) => nothing": drop_unread_sync,
+}

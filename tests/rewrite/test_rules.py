@@ -1,0 +1,215 @@
+"""One before / expected pair (and a must-not-fire case) for every rewrite rule.
+
+Tensors are 4 x 4 float32; with the "rows" tiling unit u (of 4, two per group, 4 lanes)
+handles row u: global index u*4 + j, registers in identity layout.
+"""
+from __future__ import annotations
+
+from powerfusion.gir.expr import I, J, U
+from powerfusion.gir.ir import Elementwise, GOp, Level, Move, Reduce, Scope, Sync
+from powerfusion.rewrite import MERGE_RULES, SWAP_RULES, SYNC_RULES
+from powerfusion.rewrite.merge_rules import (cancel_moves, compose_moves, drop_dead_op, drop_identity_move,
+                                             merge_parallel_moves)
+from powerfusion.rewrite.swap_rules import swap_ew_move, swap_ew_reduce, swap_ew_through_memory
+from powerfusion.rewrite.sync_rules import drop_unread_sync, promote_sync
+from tests.rewrite.util import gbuf, glob, graph, reg, check_rule
+
+C = 4
+N = 16
+
+
+def row(name, index=None):
+    return glob(name, U * C + J if index is None else index, 1, C)
+
+
+def col(name):
+    return glob(name, I * C + U, C, 1)
+
+
+def rbuf(name, size=C, level=Level.REGISTER):
+    return gbuf(name, size, level)
+
+
+def mv(src, dst, guard=None):
+    return GOp(Move(), (src,), (dst,), guard)
+
+
+def ew(fn, ins, out):
+    return GOp(Elementwise(fn), tuple(ins), (out,))
+
+
+def sync(scope, ins, outs):
+    return GOp(Sync(scope), tuple(ins), tuple(outs))
+
+
+def test_every_rule_has_a_test_here():
+    tested = {promote_sync, drop_unread_sync, cancel_moves, compose_moves, drop_identity_move,
+              merge_parallel_moves, drop_dead_op, swap_ew_move, swap_ew_through_memory, swap_ew_reduce}
+    assert set(SYNC_RULES.values()) | set(MERGE_RULES.values()) | set(SWAP_RULES.values()) == tested
+
+
+# ---- sync rules ---------------------------------------------------------------------
+
+def _store_sync_load(read_slice, writer=None):
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), writer or row("T")),
+           sync(Scope.DEVICE, [writer or row("T")], [read_slice]), mv(read_slice, reg("y", 1, C)),
+           mv(reg("y", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x"), rbuf("y")]
+    return graph(ops, bufs, ["X"], ["Z"])
+
+
+def test_promote_lane_keeps_data_in_registers_and_drops_the_sync():
+    before = _store_sync_load(row("T"))
+    t = reg("T_lane", 1, C)
+    expected = graph([mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), t), mv(t, reg("y", 1, C)),
+                      mv(reg("y", 1, C), row("Z"))],
+                     [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("T_lane")], ["X"], ["Z"])
+    check_rule(promote_sync, before, 2, expected)
+
+
+def test_promote_warp_stages_through_a_per_warp_shared_region():
+    rev = row("T", U * C + (C - 1) - J)          # same unit, other lane
+    before = _store_sync_load(rev)
+    w = glob("T_warp", (U % 2) * C + J, 1, C).at(Level.SHARED)
+    r = glob("T_warp", (U % 2) * C + (C - 1) - J, 1, C).at(Level.SHARED)
+    expected = graph([mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), w), sync(Scope.WARP, [w], [r]),
+                      mv(r, reg("y", 1, C)), mv(reg("y", 1, C), row("Z"))],
+                     [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("T_warp", 2 * C, Level.SHARED)],
+                     ["X"], ["Z"])
+    check_rule(promote_sync, before, 2, expected)
+
+
+def test_promote_block_stages_through_shared_memory():
+    partner = row("T", ((U // 2) * 2 + 1 - U % 2) * C + J)   # the other unit of the group
+    before = _store_sync_load(partner)
+    w = glob("T_block", (U % 2) * C + J, 1, C).at(Level.SHARED)
+    r = glob("T_block", (1 - U % 2) * C + J, 1, C).at(Level.SHARED)
+    expected = graph([mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), w), sync(Scope.BLOCK, [w], [r]),
+                      mv(r, reg("y", 1, C)), mv(reg("y", 1, C), row("Z"))],
+                     [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("T_block", 2 * C, Level.SHARED)],
+                     ["X"], ["Z"])
+    check_rule(promote_sync, before, 2, expected)
+
+
+def test_promote_does_not_fire_across_groups_or_on_outputs():
+    across = row("T", ((U + 2) % 4) * C + J)                  # a unit of the other group
+    check_rule(promote_sync, _store_sync_load(across), 2, None)
+    g = _store_sync_load(row("T"))
+    check_rule(promote_sync, graph(g.ops, g.buffers, ["X"], ["Z", "T"]), 2, None)
+
+
+def test_drop_unread_sync():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), row("T")), sync(Scope.DEVICE, [row("T")], [row("T")]),
+           mv(reg("x", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x")]
+    before = graph(ops, bufs, ["X"], ["Z", "T"])
+    expected = graph(ops[:2] + ops[3:], bufs, ["X"], ["Z", "T"])
+    check_rule(drop_unread_sync, before, 2, expected)
+    check_rule(drop_unread_sync, _store_sync_load(row("T")), 2, None)
+
+
+# ---- merge rules --------------------------------------------------------------------
+
+def test_cancel_moves_store_then_load_of_the_same_pattern():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), reg("t", 1, C)), mv(reg("t", 1, C), reg("y", 1, C)),
+           ew("relu", [reg("y", 1, C)], reg("z", 1, C)), mv(reg("z", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("t"), rbuf("y"), rbuf("z")]
+    before = graph(ops, bufs, ["X"], ["Z"])
+    expected = graph([ops[0], ew("relu", [reg("x", 1, C)], reg("z", 1, C)), ops[4]],
+                     [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("z")], ["X"], ["Z"])
+    check_rule(cancel_moves, before, 2, expected)
+    check_rule(cancel_moves, graph(ops, bufs, ["X"], ["Z", "y"]), 2, None)   # y is an output
+
+
+def test_compose_moves_through_an_intermediate_nothing_else_reads():
+    # a global->global relayout (row-major copy) then a column-wise load: one load of X
+    ops = [mv(row("X"), row("T")), sync(Scope.DEVICE, [row("T")], [col("T")]), mv(col("T"), reg("y", C, 1)),
+           mv(reg("y", C, 1), col("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("y")]
+    before = graph(ops, bufs, ["X"], ["Z"])
+    expected = graph([ops[1], mv(col("X"), reg("y", C, 1)), ops[3]], bufs, ["X"], ["Z"])
+    check_rule(compose_moves, before, 2, expected)
+    # T is an output: the first move stays, the reader is split off onto X
+    keep = graph(ops, bufs, ["X"], ["Z", "T"])
+    check_rule(compose_moves, keep, 2, graph([ops[0], ops[1], mv(col("X"), reg("y", C, 1)), ops[3]], bufs,
+                                              ["X"], ["Z", "T"]))
+
+
+def test_compose_moves_refuses_a_register_source_read_by_another_unit():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), row("T")), sync(Scope.DEVICE, [row("T")], [col("T")]),
+           mv(col("T"), reg("y", C, 1)), mv(reg("y", C, 1), col("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x"), rbuf("y")]
+    check_rule(compose_moves, graph(ops, bufs, ["X"], ["Z"]), 3, None)
+
+
+def test_drop_identity_move():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), reg("y", 1, C)), mv(reg("y", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y")]
+    expected = graph([ops[0], mv(reg("x", 1, C), row("Z"))], [gbuf("X", N), gbuf("Z", N), rbuf("x")], ["X"], ["Z"])
+    check_rule(drop_identity_move, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+    masked = mv(reg("x", 1, C), reg("y", 1, C, valid=J.lt(2)))
+    check_rule(drop_identity_move, graph([ops[0], masked, ops[2]], bufs, ["X"], ["Z"]), 1, None)
+
+
+def test_merge_parallel_moves_reading_the_same_slice():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(row("X"), reg("y", 1, C)),
+           ew("mul", [reg("x", 1, C), reg("y", 1, C)], reg("z", 1, C)), mv(reg("z", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("z")]
+    expected = graph([ops[0], ew("mul", [reg("x", 1, C), reg("x", 1, C)], reg("z", 1, C)), ops[3]],
+                     [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("z")], ["X"], ["Z"])
+    check_rule(merge_parallel_moves, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+    # the second copy goes to global memory: it reads the registers instead of X
+    ops2 = [ops[0], mv(row("X"), row("W")), ew("relu", [reg("x", 1, C)], reg("z", 1, C)), ops[3]]
+    bufs2 = [gbuf("X", N), gbuf("W", N), gbuf("Z", N), rbuf("x"), rbuf("z")]
+    expected2 = graph([ops[0], mv(reg("x", 1, C), row("W")), ops2[2], ops[3]], bufs2, ["X"], ["Z", "W"])
+    check_rule(merge_parallel_moves, graph(ops2, bufs2, ["X"], ["Z", "W"]), 1, expected2)
+
+
+def test_drop_dead_op_removes_an_unread_intermediate_with_its_store():
+    ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), row("T")), mv(reg("x", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x")]
+    expected = graph([ops[0], ops[2]], [gbuf("X", N), gbuf("Z", N), rbuf("x")], ["X"], ["Z"])
+    check_rule(drop_dead_op, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+    check_rule(drop_dead_op, graph(ops, bufs, ["X"], ["Z", "T"]), 1, None)
+
+
+# ---- swap rules ---------------------------------------------------------------------
+
+def test_swap_elementwise_forward_past_a_register_move():
+    ops = [mv(row("X"), reg("x", 1, C)), ew("exp", [reg("x", 1, C)], reg("y", 1, C)),
+           mv(reg("y", 1, C), reg("z", 1, C)), mv(reg("z", 1, C), row("Z"))]
+    bufs = [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("z")]
+    expected = graph([ops[0], mv(reg("x", 1, C), reg("z_pre", 1, C)), ew("exp", [reg("z_pre", 1, C)], reg("z", 1, C)),
+                      ops[3]], [gbuf("X", N), gbuf("Z", N), rbuf("x"), rbuf("z_pre"), rbuf("z")], ["X"], ["Z"])
+    check_rule(swap_ew_move, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+
+
+def test_swap_elementwise_forward_through_memory_and_sync():
+    ops = [mv(row("X"), reg("x", 1, C)), ew("tanh", [reg("x", 1, C)], reg("y", 1, C)), mv(reg("y", 1, C), row("T")),
+           sync(Scope.DEVICE, [row("T")], [col("T")]), mv(col("T"), reg("z", C, 1)), mv(reg("z", C, 1), col("Z"))]
+    bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("z")]
+    expected = graph([ops[0], mv(reg("x", 1, C), row("T_pre")), sync(Scope.DEVICE, [row("T_pre")], [col("T_pre")]),
+                      mv(col("T_pre"), reg("z_pre", C, 1)), ew("tanh", [reg("z_pre", C, 1)], reg("z", C, 1)), ops[5]],
+                     [gbuf("X", N), gbuf("T_pre", N), gbuf("Z", N), rbuf("x"), rbuf("z"), rbuf("z_pre")], ["X"], ["Z"])
+    check_rule(swap_ew_through_memory, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+    ops[1] = ew("add", [reg("x", 1, C), reg("x", 1, C)], reg("y", 1, C))     # not unary: stays
+    check_rule(swap_ew_through_memory, graph(ops, bufs, ["X"], ["Z"]), 1, None)
+
+
+def test_swap_monotone_elementwise_past_max_reduce():
+    one = reg("r", 1, 1)
+    ops = [mv(row("X"), reg("x", 1, C)), ew("exp", [reg("x", 1, C)], reg("y", 1, C)),
+           GOp(Reduce("max", "width"), (reg("y", 1, C),), (one,)), mv(one, glob("Z", U, 1, 1))]
+    bufs = [gbuf("X", N), gbuf("Z", 4), rbuf("x"), rbuf("y"), rbuf("r", 1)]
+    pre = reg("r_pre", 1, 1)
+    expected = graph([ops[0], GOp(Reduce("max", "width"), (reg("x", 1, C),), (pre,)), ew("exp", [pre], one), ops[3]],
+                     [gbuf("X", N), gbuf("Z", 4), rbuf("x"), rbuf("r", 1), rbuf("r_pre", 1)], ["X"], ["Z"])
+    check_rule(swap_ew_reduce, graph(ops, bufs, ["X"], ["Z"]), 1, expected)
+    ops[1] = ew("neg", [reg("x", 1, C)], reg("y", 1, C))                    # decreasing: max would become min
+    check_rule(swap_ew_reduce, graph(ops, bufs, ["X"], ["Z"]), 1, None)
+    ops[1] = ew("exp", [reg("x", 1, C)], reg("y", 1, C))
+    ops[2] = GOp(Reduce("sum", "width"), (reg("y", 1, C),), (one,))        # sum(exp) != exp(sum)
+    check_rule(swap_ew_reduce, graph(ops, bufs, ["X"], ["Z"]), 1, None)
+
+
+
