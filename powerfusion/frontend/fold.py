@@ -35,6 +35,9 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         model = _drop_dead(model)
         if not changed:
             break
+        shapes = static_shapes(model)
+        if all(o in shapes for n in model.graph.node for o in n.output if o):
+            break  # nothing left for another round to learn (re-inference is slow on big weights)
         model = infer_shapes(model)
     return model
 
