@@ -120,6 +120,13 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
     return True
 
 
+def same_tiles(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
+    """The producer's stores and the consumer's loads of `buffer` have the same num x width."""
+    ws = {(s.num, s.width) for s, _ in _accesses(producer.build(), buffer, True)}
+    rs = {(s.num, s.width) for s, _ in _accesses(consumer.build(), buffer, False)}
+    return bool(ws) and ws == rs
+
+
 def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
     fixed = fixed or {}
     edges = list(plan.internal_edges())
@@ -133,14 +140,20 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
 
     choice: dict[str, Candidate] = {}
 
-    def score(node, cand, both: bool) -> int:
-        s = 0
+    def score(node, cand, both: bool) -> tuple[int, int]:
+        """(edges lined up, edges with equal per-unit tiles): the second breaks ties towards
+        structurally similar neighbours where nothing lines up (moves then compose cleanly)."""
+        s = t = 0
         for p, c, b in edges:
+            pairs = []
             if c is node and p.name in choice:
-                s += match(choice[p.name], cand, b)
+                pairs.append((choice[p.name], cand))
             if both and p is node and c.name in choice:
-                s += match(cand, choice[c.name], b)
-        return s
+                pairs.append((cand, choice[c.name]))
+            for pc, cc in pairs:
+                s += match(pc, cc, b)
+                t += same_tiles(pc, cc, b)
+        return s, t
 
     def pick(node, both):
         if node.name in fixed:

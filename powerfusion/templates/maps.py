@@ -143,7 +143,10 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
         s = max(d for d in range(rank) if shape[d] != 1) + 1  # one element per unit: a reduction's row
         out.append(TileParams("rows", 1, split=s))
     if "rows" in kinds:
-        for s in (splits if splits is not None else range(rank - 1, 0, -1)):
+        order = list(splits if splits is not None else range(rank - 1, 0, -1))
+        # rows that occupy at least half the lanes first (innermost first), then the rest
+        order.sort(key=lambda s: prod(shape[s:]) * 2 < lanes)
+        for s in order:
             if 0 < s < rank and prod(shape[s:]) > 1:
                 out += [TileParams("rows", v, split=s) for v in vsets(prod(shape[s:]))]
     n = prod(shape)
