@@ -1,0 +1,178 @@
+"""The one place that knows the compiler's APIs: turns a model or a compiled Plan into
+`SubgraphRun`s, the visualiser's own view of a memory-bound subgraph's history.
+
+If the lowering, rewriting, compile or backend APIs change, only this file changes.
+A subgraph that fails at some stage keeps what was computed before the failure and
+the error text: the visualiser is a debugging tool, so a failure is something to show,
+not a reason to show nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from powerfusion.gir.ir import GIRGraph, Parallel
+
+
+@dataclass(frozen=True)
+class RuleStep:
+    rule: str
+    before: GIRGraph
+    after: GIRGraph
+    changed: tuple[int, ...]     # uids (in `before`) replaced or removed
+
+
+@dataclass(frozen=True)
+class TemplateChoice:
+    node: str                    # basic node name
+    template: str                # template label with parameters
+    graph: GIRGraph | None       # the candidate's own GIR graph, where it could be rebuilt
+
+
+@dataclass(frozen=True)
+class SubgraphRun:
+    subgraph: object             # frontend Subgraph
+    templates: tuple[TemplateChoice, ...] = ()
+    merged: GIRGraph | None = None
+    trace: tuple[RuleStep, ...] = ()
+    final: GIRGraph | None = None
+    kernels: tuple = ()          # backend KernelSource objects (name, source, op_lines)
+    error: str | None = None
+    failed_at: str | None = None  # "lower" | "rewrite" | "codegen"
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    name: str
+    target: str
+    graph: object                # frontend BasicGraph
+    partition: object            # frontend Partition
+    runs: tuple[SubgraphRun, ...] = field(default=())
+
+
+def _rule_steps(trace) -> tuple[RuleStep, ...]:
+    return tuple(RuleStep(t.rule, t.before, t.after, tuple(getattr(t, "changed", ()))) for t in trace)
+
+
+def _numbered(merged: GIRGraph, trace: tuple[RuleStep, ...], final: GIRGraph | None) -> GIRGraph:
+    """The merged graph with the uids the trace refers to (the driver renumbers before its first step)."""
+    if trace:
+        return trace[0].before
+    if final is not None and len(final.ops) == len(merged.ops):
+        return final
+    return merged
+
+
+def _template_graphs(sub, graph, target, merged: GIRGraph) -> tuple[TemplateChoice, ...]:
+    """Rebuild each chosen candidate's own graph from its label (lower.py keeps only labels)."""
+    try:
+        from powerfusion.gir.lower import _Plan
+        plan = _Plan(sub, graph, target)
+        nodes = {n.name: n for n in plan.nodes}
+    except Exception:  # labels alone are still worth showing
+        plan, nodes = None, {}
+    out = []
+    for node_name, label in merged.templates:
+        g = None
+        if plan is not None and node_name in nodes:
+            try:
+                g = next((c.build() for c in plan.candidates(nodes[node_name]) if c.label == label), None)
+            except Exception:
+                g = None
+        out.append(TemplateChoice(node_name, label, g))
+    return tuple(out)
+
+
+def _render(renderer, final: GIRGraph):
+    return tuple(renderer.render(final)) if renderer is not None else ()
+
+
+def _renderer(target: str):
+    from powerfusion.perfmodel.specs import get_target
+    try:
+        from powerfusion.compiler import renderer_for
+    except ImportError:
+        return None
+    return renderer_for(get_target(target).backend)
+
+
+def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
+    """Lower with the default template choice, rewrite, render; stop (and record) at a failure."""
+    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.rewrite import optimise
+    try:
+        merged = lower_subgraph(sub, graph, None, target)
+    except Exception as e:  # noqa: BLE001 -- shown to the user in the view
+        return SubgraphRun(sub, error=_text(e), failed_at="lower")
+    templates = _template_graphs(sub, graph, target, merged)
+    try:
+        final, trace = optimise(merged)
+    except Exception as e:  # noqa: BLE001
+        return SubgraphRun(sub, templates, merged, error=_text(e), failed_at="rewrite")
+    trace = _rule_steps(trace)
+    merged = _numbered(merged, trace, final)
+    try:
+        kernels = _render(renderer, final)
+    except Exception as e:  # noqa: BLE001
+        return SubgraphRun(sub, templates, merged, trace, final, error=_text(e), failed_at="codegen")
+    return SubgraphRun(sub, templates, merged, trace, final, kernels)
+
+
+def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None) -> ModelRun:
+    from powerfusion.frontend import import_model, partition
+    graph = import_model(model, shapes)
+    part = partition(graph, target)
+    renderer = _renderer(target) if codegen else None
+    runs = []
+    for k, sub in enumerate(part.subgraphs):
+        if progress:
+            progress(f"subgraph {k + 1}/{len(part.subgraphs)}: {sub.name} ({len(sub.nodes)} basic ops)")
+        runs.append(run_subgraph(sub, graph, target, renderer))
+    return ModelRun(graph.name or "model", target, graph, part, tuple(runs))
+
+
+def from_plan(plan) -> ModelRun:
+    """A compiled `powerfusion.compiler.Plan`: its KernelSteps already hold merged, trace, gir, kernels."""
+    runs = []
+    for step in plan.kernel_steps:
+        trace = _rule_steps(step.trace)
+        merged = _numbered(step.merged, trace, step.gir)
+        templates = _template_graphs(step.subgraph, plan.graph, plan.target, step.merged)
+        runs.append(SubgraphRun(step.subgraph, templates, merged, trace, step.gir, tuple(step.kernels)))
+    return ModelRun(plan.model, plan.target, plan.graph, plan.partition, tuple(runs))
+
+
+def from_gir(merged: GIRGraph, trace=(), final: GIRGraph | None = None, name: str | None = None) -> ModelRun:
+    """Hand-built GIR (tests, notebooks): one pseudo-subgraph, no partition."""
+    from powerfusion.frontend.basic import Subgraph
+    trace = _rule_steps(trace)
+    final = final if final is not None else (trace[-1].after if trace else merged)
+    sub = Subgraph(name or merged.name, (), tuple(merged.inputs), tuple(merged.outputs), 0, 0)
+    run = SubgraphRun(sub, (), _numbered(merged, trace, final), trace, final)
+    return ModelRun(name or merged.name, "", None, None, (run,))
+
+
+def combined(templates: tuple[TemplateChoice, ...], name: str) -> tuple[GIRGraph, list[str]] | None:
+    """The chosen candidates side by side in one graph (not merged: no syncs), for the first
+    stage, and per op the template it came from."""
+    from dataclasses import replace
+    chosen = [t for t in templates if t.graph is not None]
+    if not chosen:
+        return None
+    graphs = [t.graph for t in chosen]
+    ops, buffers, groups, uid = [], {}, [], 0
+    for t in chosen:
+        for b in t.graph.buffers:
+            buffers.setdefault(b.name, b)
+        for op in t.graph.ops:
+            uid += 1
+            ops.append(replace(op, uid=uid))
+            groups.append(f"{t.node}: {t.template}")
+    p = max((g.parallel for g in graphs), key=lambda p: p.units)
+    ins = tuple(dict.fromkeys(b for g in graphs for b in g.inputs))
+    outs = tuple(dict.fromkeys(b for g in graphs for b in g.outputs))
+    g = GIRGraph(name, Parallel(p.units, p.units_per_group, p.lanes), tuple(buffers.values()), tuple(ops), ins, outs)
+    return g, groups
+
+
+def _text(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
