@@ -11,8 +11,9 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
     from powerfusion.frontend.converters import convert_graph
     from powerfusion.frontend.fold import fold_constants
     proto = load_model(model, shapes)
-    proto = fold_constants(proto)
-    return convert_graph(proto)
+    arrays: dict = {}
+    proto = fold_constants(proto, arrays)
+    return convert_graph(proto, arrays)
 
 
 def partition(graph: BasicGraph, target: str = "cpu") -> Partition:

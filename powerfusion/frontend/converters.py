@@ -43,11 +43,13 @@ def tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     return infos
 
 
-def convert_graph(model: onnx.ModelProto) -> BasicGraph:
-    """A folded, shape-inferred ModelProto -> BasicGraph."""
+def convert_graph(model: onnx.ModelProto, arrays: dict | None = None) -> BasicGraph:
+    """A folded, shape-inferred ModelProto -> BasicGraph. `arrays`: initializer values already
+    converted to numpy, by name."""
+    from powerfusion.frontend.fold import initializer_arrays
     g = model.graph
     opset = default_opset(model)
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    consts = initializer_arrays(model, {} if arrays is None else arrays)
     infos = tensor_infos(model)
     names = {n for node in g.node for n in list(node.input) + list(node.output)} | set(infos)
     b = GraphBuilder(names)

@@ -23,7 +23,9 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 MAX_ROUNDS = 8
 
 
-def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+def fold_constants(model: onnx.ModelProto, arrays: dict | None = None) -> onnx.ModelProto:
+    """`arrays` (optional) caches initializer values by name across rounds and for the caller."""
+    arrays = {} if arrays is None else arrays
     # old (IR < 4) models list initializers among the inputs; they are constants here
     inits = {t.name for t in model.graph.initializer}
     real = [vi for vi in model.graph.input if vi.name not in inits]
@@ -31,7 +33,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         del model.graph.input[:]
         model.graph.input.extend(real)
     for _ in range(MAX_ROUNDS):
-        model, changed = _fold_once(model)
+        model, changed = _fold_once(model, arrays)
         model = _drop_dead(model)
         if not changed:
             break
@@ -54,10 +56,17 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _fold_once(model):
+def initializer_arrays(model: onnx.ModelProto, cache: dict) -> dict[str, np.ndarray]:
+    for t in model.graph.initializer:
+        if t.name not in cache:
+            cache[t.name] = numpy_helper.to_array(t)
+    return {t.name: cache[t.name] for t in model.graph.initializer}
+
+
+def _fold_once(model, arrays):
     g = model.graph
     opset = default_opset(model)
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    consts = initializer_arrays(model, arrays)
     shapes = static_shapes(model)
     kept, changed = [], False
     for node in g.node:
@@ -68,17 +77,16 @@ def _fold_once(model):
         changed = True
         for name, v in zip(node.output, values):
             if name:
-                consts[name] = np.asarray(v)
+                consts[name] = arrays[name] = np.asarray(v)
     if not changed:
         return model, False
     used = {i for n in kept for i in n.input} | {o.name for o in g.output}
     old = {t.name for t in g.initializer}
-    new_inits = [t for t in g.initializer if t.name in used]
-    new_inits += [numpy_helper.from_array(v, name) for name, v in consts.items() if name in used and name not in old]
     del g.node[:]
     g.node.extend(kept)
-    del g.initializer[:]
-    g.initializer.extend(new_inits)
+    _drop_initializers(g, used)
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in consts.items()
+                         if name in used and name not in old)
     # stale value_info of folded tensors would conflict with the initializers' types
     keep_vi = [vi for vi in g.value_info if vi.name not in consts]
     del g.value_info[:]
@@ -132,8 +140,11 @@ def _drop_dead(model):
     if len(kept) != len(g.node):
         del g.node[:]
         g.node.extend(kept)
-    inits = [t for t in g.initializer if t.name in live]
-    if len(inits) != len(g.initializer):
-        del g.initializer[:]
-        g.initializer.extend(inits)
+    _drop_initializers(g, live)
     return model
+
+
+def _drop_initializers(g, keep: set[str]) -> None:
+    # delete in place: rebuilding the list would copy every weight
+    for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in keep]):
+        del g.initializer[i]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import onnx
 from onnx import shape_inference
 
@@ -28,16 +29,30 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
     """Path, bytes or ModelProto -> checked ModelProto with static shapes inferred everywhere."""
     proto, where = _read(model)
+    saved, added = _detach_large(proto)
     try:
         onnx.checker.check_model(proto)
     except Exception as e:  # checker raises ValidationError and friends
         raise ModelError(f"{where} is not a valid ONNX model: onnx.checker says: {_first_line(e)}") from None
     proto = _check_opset(proto, where)
-    _fix_input_shapes(proto, shapes or {}, where)
-    return infer_shapes(proto, where)
+    _fix_input_shapes(proto, shapes or {}, where, weights=added)
+    proto = _infer(proto, where)
+    _restore_large(proto, saved, added)
+    return proto
 
 
 def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.ModelProto:
+    """Strict shape inference with data propagation (a new proto)."""
+    saved, added = _detach_large(proto)
+    try:
+        inferred = _infer(proto, where)
+    finally:
+        _restore_large(proto, saved, added)
+    _restore_large(inferred, saved, added)
+    return inferred
+
+
+def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
     try:
         return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
@@ -46,6 +61,49 @@ def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.Model
     from powerfusion.frontend.converters import raise_unsupported
     raise_unsupported(shape_inference.infer_shapes(proto, data_prop=True))
     raise error
+
+
+# The checker and shape inference serialize the whole model (seconds for a 500 MB
+# transformer). Large initializers are weights, never shape data: they are moved out
+# and stand in as typed graph inputs meanwhile, then put back.
+LARGE_INITIALIZER_BYTES = 1 << 16
+
+
+def _detach_large(proto: onnx.ModelProto) -> tuple[list[onnx.TensorProto], set[str]]:
+    g = proto.graph
+    big = [i for i, t in enumerate(g.initializer) if _tensor_bytes(t) > LARGE_INITIALIZER_BYTES]
+    saved = []
+    for i in big:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(g.initializer[i])
+        saved.append(copy)
+    for i in reversed(big):
+        del g.initializer[i]
+    listed = {vi.name for vi in g.input}
+    added = set()
+    for t in saved:
+        if t.name not in listed:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            added.add(t.name)
+    return saved, added
+
+
+def _restore_large(proto: onnx.ModelProto, saved, added) -> None:
+    if not saved:
+        return
+    g = proto.graph
+    if added:
+        for i in reversed([i for i, vi in enumerate(g.input) if vi.name in added]):
+            del g.input[i]
+    present = {t.name for t in g.initializer}
+    g.initializer.extend(t for t in saved if t.name not in present)
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
 
 def default_opset(proto: onnx.ModelProto) -> int:
@@ -136,9 +194,9 @@ def _signature(schema):
     return params(schema.inputs), params(schema.outputs), attrs
 
 
-def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str) -> None:
+def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str, weights=frozenset()) -> None:
     g = proto.graph
-    inits = {t.name for t in g.initializer}
+    inits = {t.name for t in g.initializer} | set(weights)
     inputs = {vi.name: vi for vi in g.input if vi.name not in inits}
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:

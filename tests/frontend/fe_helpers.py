@@ -39,8 +39,28 @@ def make_model(op, feeds: dict, consts: dict | None = None, attrs: dict | None =
     return model
 
 
+def validate(graph):
+    """The basic-graph contract (basic.py): topological order, known tensors, unique names,
+    explicit broadcasting, sorted reduce axes."""
+    from powerfusion.frontend.basic import Elementwise, Reduce
+    known = {t.name for t in graph.inputs} | set(graph.constants)
+    assert set(graph.constants) <= set(graph.tensors)
+    assert len({n.name for n in graph.nodes}) == len(graph.nodes)
+    for n in graph.nodes:
+        assert set(n.inputs) <= known, f"{n.name} reads {set(n.inputs) - known} before it is produced"
+        assert not set(n.outputs) & known, f"{n.name} rewrites {set(n.outputs) & known}"
+        known |= set(n.outputs)
+        out = graph.tensors[n.outputs[0]]
+        if isinstance(n.op, Elementwise):
+            assert all(graph.tensors[i].shape == out.shape for i in n.inputs), f"{n.name}: implicit broadcast"
+        if isinstance(n.op, Reduce):
+            assert list(n.op.axes) == sorted(set(n.op.axes)) and all(a >= 0 for a in n.op.axes)
+    assert {t.name for t in graph.outputs} <= known
+
+
 def run_ours(model, feeds):
     graph = import_model(model)
+    validate(graph)
     return graph, run_basic_graph(graph, feeds)
 
 

@@ -191,3 +191,17 @@ def test_reshape_with_bad_shape_is_node_error():
     from powerfusion.frontend.ops_shape import convert_reshape
     with pytest.raises(NodeError, match=r"node 'r' \(Reshape, opset 17.*\(2, 3\)"):
         convert_reshape(cx)
+
+
+REQUIRED = """Add Sub Mul Div Pow Sqrt Reciprocal Neg Abs Exp Log Erf Tanh Sigmoid Relu LeakyRelu Clip HardSigmoid
+HardSwish Gelu Softmax LogSoftmax LayerNormalization BatchNormalization InstanceNormalization ReduceMean ReduceSum
+ReduceMax ReduceMin Transpose Reshape Flatten Squeeze Unsqueeze Concat Split Slice Gather Expand Where Cast Equal
+Less Greater Not And Sum Max Min Identity Dropout Constant ConstantOfShape Shape Pad MatMul Gemm Conv MaxPool
+AveragePool GlobalAveragePool""".split()
+
+
+def test_every_required_op_is_converted_and_tested():
+    from powerfusion.frontend.converters import CONVERTERS
+    assert set(REQUIRED) <= set(CONVERTERS)
+    tested = {p.values[0] for p in CASES} | {"Constant", "ConstantOfShape", "Shape"}  # those: test_fold.py
+    assert set(REQUIRED) <= tested
