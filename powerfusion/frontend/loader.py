@@ -29,27 +29,26 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
     """Path, bytes or ModelProto -> checked ModelProto with static shapes inferred everywhere."""
     proto, where = _read(model)
-    saved, added = _detach_large(proto)
+    skeleton, weights = _skeleton(proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(skeleton)
     except Exception as e:  # checker raises ValidationError and friends
         raise ModelError(f"{where} is not a valid ONNX model: onnx.checker says: {_first_line(e)}") from None
-    proto = _check_opset(proto, where)
-    _fix_input_shapes(proto, shapes or {}, where, weights=added)
-    proto = _infer(proto, where)
-    _restore_large(proto, saved, added)
+    upgraded = _check_opset(proto, where)
+    if upgraded is not proto:
+        proto = upgraded
+        skeleton, weights = _skeleton(proto)
+    _fix_input_shapes(proto, shapes or {}, where, weights)
+    _fix_input_shapes(skeleton, shapes or {}, where, weights)
+    _annotate(proto, _infer(skeleton, where))
     return proto
 
 
 def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.ModelProto:
-    """Strict shape inference with data propagation (a new proto)."""
-    saved, added = _detach_large(proto)
-    try:
-        inferred = _infer(proto, where)
-    finally:
-        _restore_large(proto, saved, added)
-    _restore_large(inferred, saved, added)
-    return inferred
+    """Strict shape inference with data propagation, written into `proto` (which is returned)."""
+    skeleton, _ = _skeleton(proto)
+    _annotate(proto, _infer(skeleton, where))
+    return proto
 
 
 def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
@@ -64,39 +63,48 @@ def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
 
 
 # The checker and shape inference serialize the whole model (seconds for a 500 MB
-# transformer). Large initializers are weights, never shape data: they are moved out
-# and stand in as typed graph inputs meanwhile, then put back.
+# transformer). They run on a skeleton instead: the model without its large
+# initializers (weights, never shape data), which stand in as typed graph inputs;
+# inferred types are then written back into the full model.
 LARGE_INITIALIZER_BYTES = 1 << 16
 
 
-def _detach_large(proto: onnx.ModelProto) -> tuple[list[onnx.TensorProto], set[str]]:
-    g = proto.graph
-    big = [i for i, t in enumerate(g.initializer) if _tensor_bytes(t) > LARGE_INITIALIZER_BYTES]
-    saved = []
-    for i in big:
-        copy = onnx.TensorProto()
-        copy.CopyFrom(g.initializer[i])
-        saved.append(copy)
-    for i in reversed(big):
-        del g.initializer[i]
+def _skeleton(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
+    skel = onnx.ModelProto()
+    _copy_fields(proto, skel, skip="graph")
+    g, sg = proto.graph, skel.graph
+    _copy_fields(g, sg, skip="initializer")
+    weights = set()
     listed = {vi.name for vi in g.input}
-    added = set()
-    for t in saved:
+    for t in g.initializer:
+        if _tensor_bytes(t) <= LARGE_INITIALIZER_BYTES:
+            sg.initializer.append(t)
+            continue
+        weights.add(t.name)
         if t.name not in listed:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-            added.add(t.name)
-    return saved, added
+            sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return skel, weights
 
 
-def _restore_large(proto: onnx.ModelProto, saved, added) -> None:
-    if not saved:
-        return
-    g = proto.graph
-    if added:
-        for i in reversed([i for i, vi in enumerate(g.input) if vi.name in added]):
-            del g.input[i]
-    present = {t.name for t in g.initializer}
-    g.initializer.extend(t for t in saved if t.name not in present)
+def _copy_fields(src, dst, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if hasattr(value, "extend"):  # repeated field
+            getattr(dst, fd.name).extend(value)
+        elif hasattr(value, "CopyFrom"):
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _annotate(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    g, ig = proto.graph, inferred.graph
+    del g.value_info[:]
+    g.value_info.extend(ig.value_info)
+    outputs = {vi.name: vi for vi in ig.output}
+    for vi in g.output:
+        vi.CopyFrom(outputs[vi.name])
 
 
 def _tensor_bytes(t: onnx.TensorProto) -> int:
