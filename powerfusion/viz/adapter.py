@@ -118,9 +118,10 @@ def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
 
 
 def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None) -> ModelRun:
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model
+    from powerfusion.frontend.partition import partition_graph  # the module shadows frontend.partition
     graph = import_model(model, shapes)
-    part = partition(graph, target)
+    part = partition_graph(graph, target)
     renderer = _renderer(target) if codegen else None
     runs = []
     for k, sub in enumerate(part.subgraphs):
