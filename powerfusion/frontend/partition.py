@@ -45,12 +45,30 @@ def node_bytes(graph: BasicGraph, node: BasicNode) -> int:
     return sum(graph.tensors[t].nbytes for t in set(node.inputs)) + sum(graph.tensors[t].nbytes for t in node.outputs)
 
 
+GEMV_MAX_ROWS = 8  # a MatMul with at most this many rows per product is GEMV-like (GIR templates)
+
+
+def has_gir_template(graph: BasicGraph, node: BasicNode) -> bool:
+    """Memory-bound library ops that GIR can express: GEMV-like MatMuls (few rows, as in
+    decode attention) and depthwise convolutions. Any other MatMul/Conv stays a library
+    call even below the ridge point, since GIR has no tiled-GEMM template to run it."""
+    op = node.op
+    if isinstance(op, MatMul):
+        a = graph.tensors[node.inputs[0]].shape
+        rows = 1 if len(a) < 2 else (a[-1] if op.trans_a else a[-2])
+        return rows <= GEMV_MAX_ROWS
+    if isinstance(op, Conv):
+        x, w = graph.tensors[node.inputs[0]].shape, graph.tensors[node.inputs[1]].shape
+        return op.group > 1 and op.group == x[1] and w[0] == op.group  # one input channel per group
+    return False
+
+
 def is_library(graph: BasicGraph, node: BasicNode, target: str) -> bool:
     if not isinstance(node.op, LIBRARY_OPS):
         return False
     dtype = np.dtype(graph.tensors[node.inputs[0]].dtype).name
     intensity = node_flops(graph, node) / max(node_bytes(graph, node), 1)
-    return intensity > get_target(target).ridge_point(dtype)
+    return intensity > get_target(target).ridge_point(dtype) or not has_gir_template(graph, node)
 
 
 def partition_graph(graph: BasicGraph, target: str = "cpu") -> Partition:

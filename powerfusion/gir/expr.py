@@ -11,6 +11,7 @@ patterns built twice compare equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Mapping
 
 import numpy as np
@@ -149,6 +150,7 @@ def emin(a, b) -> Expr: return binop("min", a, b)
 def emax(a, b) -> Expr: return binop("max", a, b)
 
 
+@lru_cache(maxsize=1 << 16)
 def variables(e: Expr) -> frozenset[str]:
     if isinstance(e, Var): return frozenset({e.name})
     if isinstance(e, Const): return frozenset()
@@ -158,6 +160,7 @@ def variables(e: Expr) -> frozenset[str]:
     raise TypeError(e)
 
 
+@lru_cache(maxsize=1 << 16)
 def loads(e: Expr) -> frozenset[str]:
     """Buffers an expression reads (gather indices)."""
     if isinstance(e, (Var, Const)): return frozenset()

@@ -1,0 +1,143 @@
+"""The compile pipeline: ONNX model -> Plan (library calls + kernels for memory-bound subgraphs).
+
+    import      load, check, infer shapes, fold constants, decompose into basic ops
+    partition   library calls vs memory-bound subgraphs, by arithmetic intensity
+    search      per subgraph: template choices x merge plans, each rewritten by the greedy
+                optimiser, pruned and chosen by the performance model
+    codegen     render the chosen GIR graph's kernels through the target's backend
+
+Identical subgraphs (by structure) are searched once. `Plan.timings` holds the seconds
+spent in each step (`powerfusion compile --timings`).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from powerfusion.frontend.basic import BasicGraph, LibraryCall, Partition, Subgraph
+
+
+@dataclass
+class KernelStep:
+    """A memory-bound subgraph compiled to GIR kernels."""
+    subgraph: Subgraph
+    merged: object            # GIRGraph before rewriting
+    gir: object               # GIRGraph after rewriting (what runs)
+    trace: list               # rewrite TraceSteps
+    buffers: dict[str, str]   # GIR GLOBAL buffer -> model tensor name
+    kernels: list = field(default_factory=list)   # KernelSource (GPU targets)
+    predicted_s: float | None = None
+    candidates: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.subgraph.name
+
+
+@dataclass
+class LibraryStep:
+    call: LibraryCall
+
+    @property
+    def name(self) -> str:
+        return self.call.node.name
+
+
+@dataclass
+class Plan:
+    model: str
+    target: str
+    graph: BasicGraph
+    partition: Partition
+    steps: list
+    timings: dict[str, float]
+
+    @property
+    def kernel_steps(self) -> list[KernelStep]:
+        return [s for s in self.steps if isinstance(s, KernelStep)]
+
+    @property
+    def library_steps(self) -> list[LibraryStep]:
+        return [s for s in self.steps if isinstance(s, LibraryStep)]
+
+    def kernel_count(self) -> int:
+        return sum(len(s.gir.kernels()) for s in self.kernel_steps)
+
+
+RENDERERS = {
+    "cuda": "powerfusion.backends.cuda.renderer:CUDARenderer",
+    "hip": "powerfusion.backends.hip.renderer:HIPRenderer",
+    "mlu": "powerfusion.backends.mlu.renderer:MLURenderer",
+}
+
+
+def renderer_for(backend: str):
+    import importlib
+    if backend not in RENDERERS:
+        return None
+    module, cls = RENDERERS[backend].split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+class _Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, step: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
+
+
+def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = False, codegen: bool = True,
+                  progress=None) -> Plan:
+    from powerfusion.frontend import import_model
+    from powerfusion.frontend.partition import partition_graph as partition
+    from powerfusion.perfmodel.specs import get_target
+
+    timer = _Timer()
+    backend = get_target(target).backend
+    with timer("import"):
+        graph = import_model(model, shapes)
+    with timer("partition"):
+        part = partition(graph, target)
+    renderer = renderer_for(backend) if codegen else None
+    steps, memo = [], {}
+    subgraphs = part.subgraphs
+    for k, item in enumerate(part.steps):
+        if isinstance(item, LibraryCall):
+            steps.append(LibraryStep(item))
+            continue
+        if progress:
+            progress(f"subgraph {k + 1}/{len(part.steps)}: {item.name} ({len(item.nodes)} ops)")
+        with timer("search"):
+            step = _compile_subgraph(item, graph, target, tune, memo)
+        if renderer is not None:
+            with timer("codegen"):
+                step.kernels = renderer.render(step.gir)
+        steps.append(step)
+    name = graph.name or "model"
+    return Plan(name, target, graph, part, steps, timer.seconds)
+
+
+def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool, memo: dict) -> KernelStep:
+    from powerfusion.gir.lower import _Plan
+    names = _Plan(sub, graph, target).names
+    buffers = {b: t for t, b in names.items()}
+    try:
+        from powerfusion.perfmodel.search import choose_plan
+    except ImportError:
+        choose_plan = None
+    if choose_plan is not None:
+        choice = choose_plan(sub, graph, target, tune=tune)
+        return KernelStep(sub, choice.merged, choice.graph, list(choice.trace), buffers,
+                          predicted_s=choice.predicted_s, candidates=getattr(choice, "considered", 1))
+    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.rewrite import optimise
+    merged = lower_subgraph(sub, graph, None, target)
+    gir, trace = optimise(merged)
+    return KernelStep(sub, merged, gir, list(trace), buffers)
