@@ -23,6 +23,14 @@ CONVERTERS: dict[str, Callable[[NodeCtx], None]] = {
     **ops_elementwise.CONVERTERS, **ops_shape.CONVERTERS, **ops_nn.CONVERTERS}
 CHECKS: dict[str, Callable[[NodeCtx], str | None]] = {**ops_shape.CHECKS, **ops_nn.CHECKS}
 
+# inputs that play the role of attributes: they must be constants (after folding)
+REDUCE_AXES = {op: 1 for op in ops_nn.REDUCE}
+CONST_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Split": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,),
+    "Pad": (1, 2, 3), "Clip": (1, 2), "Dropout": (1, 2), "ConstantOfShape": (0,),
+    **{op: (i,) for op, i in REDUCE_AXES.items()},
+}
+
 SUPPORTED_DTYPES = {np.dtype(t) for t in ("float32", "float16", "float64", "int64", "int32", "int8", "uint8",
                                           "bool")} | {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
                                               onnx.TensorProto.BFLOAT16))}
@@ -87,13 +95,26 @@ def _check_supported(ctxs: list[NodeCtx]) -> None:
         elif node.op_type not in CONVERTERS:
             reason = "op type not supported"
         else:
-            reason = CHECKS[node.op_type](cx) if node.op_type in CHECKS else None
-            if reason is None:
-                reason = _dtype_reason(cx)
+            reason = (_runtime_input_reason(cx) or (CHECKS[node.op_type](cx) if node.op_type in CHECKS else None)
+                      or _dtype_reason(cx) or _dynamic_output_reason(cx))
         if reason:
             bad.append((cx.origin.node, node.op_type, cx.opset, f"{reason}; input shapes {_shapes(cx)}"))
     if bad:
         raise UnsupportedOpError(bad)
+
+
+def _runtime_input_reason(cx: NodeCtx) -> str | None:
+    for i in CONST_INPUTS.get(cx.op_type, ()):
+        if cx.has(i) and cx.const(i) is None:
+            return f"input {i} ('{cx.node.input[i]}') must be a constant, but it is computed at run time"
+    return None
+
+
+def _dynamic_output_reason(cx: NodeCtx) -> str | None:
+    for name in cx.node.output:
+        if name and name not in cx._infos:
+            return f"output '{name}' has no static shape (it depends on run-time data)"
+    return None
 
 
 def _dtype_reason(cx: NodeCtx) -> str | None:

@@ -173,12 +173,17 @@ def test_batchnorm_folds_into_scale_and_shift():
     assert sorted(n.op.fn for n in graph.nodes if n.kind == "elementwise") == ["add", "mul"]
 
 
-def test_clip_runtime_bound_is_an_error():
-    from powerfusion.errors import NodeError
+def test_runtime_attribute_inputs_are_unsupported():
+    from powerfusion.errors import UnsupportedOpError
     from powerfusion.frontend import import_model
-    model = make_model("Clip", {"x": f32(3), "lo": np.array(0.0, np.float32)})
-    with pytest.raises(NodeError, match="Clip.*constant"):
+    nodes = [helper.make_node("Clip", ["x", "lo"], ["c"], name="clip"),
+             helper.make_node("ConstantOfShape", ["shape"], ["y"], name="cos")]
+    model = make_model(None, {"x": f32(3), "lo": np.array(0.0, np.float32), "shape": i64(2, 3)}, nodes=nodes,
+                       outputs=("c", "y"))
+    with pytest.raises(UnsupportedOpError) as e:
         import_model(model)
+    assert [n[0] for n in e.value.nodes] == ["clip", "cos"]
+    assert "'lo'" in str(e.value) and "run time" in str(e.value)
 
 
 def test_reshape_with_bad_shape_is_node_error():
