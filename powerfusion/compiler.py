@@ -100,14 +100,20 @@ def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = Fals
     from powerfusion.perfmodel.specs import get_target
 
     timer = _Timer()
-    backend = get_target(target).backend
     with timer("import"):
         graph = import_model(model, shapes)
     with timer("partition"):
         part = partition(graph, target)
-    renderer = renderer_for(backend) if codegen else None
+    return compile_partition(graph, part, target, tune=tune, codegen=codegen, progress=progress, timer=timer)
+
+
+def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: bool = False, codegen: bool = True,
+                      progress=None, timer: "_Timer | None" = None) -> Plan:
+    """The search and codegen steps for an already imported and partitioned model."""
+    from powerfusion.perfmodel.specs import get_target
+    timer = timer or _Timer()
+    renderer = renderer_for(get_target(target).backend) if codegen else None
     steps, memo = [], {}
-    subgraphs = part.subgraphs
     for k, item in enumerate(part.steps):
         if isinstance(item, LibraryCall):
             steps.append(LibraryStep(item))
@@ -120,8 +126,7 @@ def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = Fals
             with timer("codegen"):
                 step.kernels = renderer.render(step.gir)
         steps.append(step)
-    name = graph.name or "model"
-    return Plan(name, target, graph, part, steps, timer.seconds)
+    return Plan(graph.name or "model", target, graph, part, steps, timer.seconds)
 
 
 def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool, memo: dict) -> KernelStep:

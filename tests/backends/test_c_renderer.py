@@ -74,13 +74,17 @@ def test_gpu_matches_interpreter(case):
     from powerfusion.backends.cuda.executor import GIRExecutor
     g = case.graph
     ex = GIRExecutor(g)
-    arrays = {n: cupy.asarray(np.ascontiguousarray(case.feeds[n]).reshape(-1)) for n in g.inputs}
+    from powerfusion.backends.cuda.executor import device_dtype
+    arrays = {n: cupy.asarray(np.ascontiguousarray(case.feeds[n]).reshape(-1).view(device_dtype(g.buffer(n).dtype)))
+              for n in g.inputs}
     for n in g.outputs:  # poisoned so unwritten elements show
         b = g.buffer(n)
-        arrays[n] = cupy.full(b.size, np.nan if np_dtype(b.dtype).kind == "f" or b.dtype == "bfloat16" else -7,
-                              dtype=np_dtype(b.dtype))
+        poison = np.full(b.size, np.nan if np_dtype(b.dtype).kind == "f" or b.dtype == "bfloat16" else -7,
+                         dtype=np_dtype(b.dtype))
+        arrays[n] = cupy.asarray(poison.view(device_dtype(b.dtype)))
     ex(arrays)
     want = run_gir(g, case.feeds)
     for n in g.outputs:
         rtol, atol = TOL.get(g.buffer(n).dtype, (0, 0))
-        np.testing.assert_allclose(cupy.asnumpy(arrays[n]).astype(np.float32), want[n].astype(np.float32), rtol, atol)
+        got = cupy.asnumpy(arrays[n]).view(np_dtype(g.buffer(n).dtype))
+        np.testing.assert_allclose(got.astype(np.float32), want[n].astype(np.float32), rtol, atol)

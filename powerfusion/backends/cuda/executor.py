@@ -7,6 +7,11 @@ import numpy as np
 
 from powerfusion.backends.c_renderer import KernelSource
 from powerfusion.gir.interpreter import np_dtype
+
+
+def device_dtype(name: str) -> np.dtype:
+    """CuPy has no bfloat16 of ml_dtypes' kind: bf16 buffers live as uint16 bit patterns."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np_dtype(name)
 from powerfusion.gir.ir import GIRGraph, Level
 
 
@@ -42,9 +47,10 @@ class GIRExecutor:
             if b.level != Level.GLOBAL or b.name in interface:
                 continue
             if b.name in consts:
-                self.scratch[b.name] = cupy.asarray(np.asarray(consts[b.name]).astype(np_dtype(b.dtype)).reshape(-1))
+                host = np.asarray(consts[b.name]).astype(np_dtype(b.dtype)).reshape(-1)
+                self.scratch[b.name] = cupy.asarray(host.view(device_dtype(b.dtype)))
             else:
-                self.scratch[b.name] = cupy.empty(b.size, dtype=np_dtype(b.dtype))
+                self.scratch[b.name] = cupy.empty(b.size, dtype=device_dtype(b.dtype))
 
     @property
     def launches(self) -> int:
@@ -56,7 +62,7 @@ class GIRExecutor:
             args = []
             for name, dtype, _ in lk.source.params:
                 a = env[name]
-                if a.size != self.graph.buffer(name).size or a.dtype != np_dtype(dtype):
+                if a.size != self.graph.buffer(name).size or a.dtype != device_dtype(dtype):
                     raise ValueError(f"kernel {lk.source.name}: buffer '{name}' expects "
                                      f"{self.graph.buffer(name).size} x {dtype}, got {a.size} x {a.dtype}")
                 args.append(a)

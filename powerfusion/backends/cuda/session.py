@@ -1,0 +1,132 @@
+"""The CUDA target of InferenceSession: a compiled Plan run on one GPU.
+
+Buffers are planned once per session (one arena, reused across runs, tensors that are
+never live together share memory); library calls go through cuBLAS (CuPy), memory-bound
+subgraphs through their generated kernels. With `cuda_graph=True` the whole run is
+captured once and replayed."""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.compiler import KernelStep, LibraryStep, Plan, compile_partition
+from powerfusion.errors import PowerFusionError
+from powerfusion.frontend.basic import Conv, MatMul, Partition
+from powerfusion.backends.cuda.executor import device_dtype
+from powerfusion.gir.interpreter import np_dtype
+from powerfusion.runtime.buffers import TensorLife, plan_buffers
+
+
+def cupy_dtype(dt) -> np.dtype:
+    return device_dtype(np.dtype(dt).name)
+
+
+class CudaPlanRunner:
+    def __init__(self, plan: Plan, cuda_graph: bool = False):
+        import cupy
+        from powerfusion.backends.cuda.executor import GIRExecutor
+        self.plan, self.graph = plan, plan.graph
+        g = self.graph
+        self.executors = {s.name: GIRExecutor(s.gir) for s in plan.kernel_steps}
+        self.constants = {}
+        for s in plan.library_steps:
+            for t in s.call.node.inputs:
+                if t in g.constants and t not in self.constants:
+                    self.constants[t] = cupy.asarray(_to_device_layout(np.asarray(g.constants[t])))
+        self.tensors = self._plan_tensors(cupy)
+        self._cuda_graph = None
+        self.use_cuda_graph = cuda_graph
+
+    def _plan_tensors(self, cupy) -> dict:
+        g, steps = self.graph, self.plan.steps
+        first, last = {t.name: -1 for t in g.inputs}, {}
+        for k, s in enumerate(steps):
+            node_ins, node_outs = _step_io(s)
+            for t in node_outs:
+                first.setdefault(t, k)
+            for t in node_ins:
+                if t not in g.constants:
+                    last[t] = k
+        for t in g.outputs:
+            last[t.name] = len(steps)
+        lives = [TensorLife(t, max(g.tensors[t].nbytes, 1), first[t], last.get(t, first[t])) for t in first]
+        bplan = plan_buffers(lives)
+        self.arena = cupy.empty(max(bplan.arena_bytes, 1), dtype=np.uint8)
+        views = {}
+        for t, off in bplan.offsets.items():
+            info = g.tensors[t]
+            dt = cupy_dtype(info.dtype)
+            views[t] = self.arena[off:off + info.size * dt.itemsize].view(dt).reshape(info.shape)
+        return views
+
+    def _run_steps(self) -> None:
+        from powerfusion.backends.cuda import library
+        env = self.tensors
+        for s in self.plan.steps:
+            if isinstance(s, KernelStep):
+                ex = self.executors[s.name]
+                arrays = {b: env[t].reshape(-1) for b, t in s.buffers.items()
+                          if (b in s.gir.inputs or b in s.gir.outputs) and t in env}
+                ex(arrays)
+                continue
+            node = s.call.node
+            ins = [self.constants[t] if t in self.constants else env[t] for t in node.inputs]
+            logical = np.dtype(self.graph.tensors[node.inputs[0]].dtype).name
+            bf16 = logical == "bfloat16"
+            if isinstance(node.op, MatMul):
+                y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
+                                   logical_dtype="bfloat16" if bf16 else None)
+            elif isinstance(node.op, Conv):
+                op = node.op
+                y = library.conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, strides=op.strides,
+                                 pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations, group=op.group)
+            else:
+                raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
+            env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
+
+    def __call__(self, feeds: dict) -> dict:
+        import cupy
+        for t in self.graph.inputs:
+            self.tensors[t.name][...] = cupy.asarray(_to_device_layout(np.asarray(feeds[t.name])))
+        if self.use_cuda_graph:
+            self._replay()
+        else:
+            self._run_steps()
+        out = {}
+        for t in self.graph.outputs:
+            host = cupy.asnumpy(self.tensors[t.name])
+            out[t.name] = host.view(np_dtype("bfloat16")) if np.dtype(t.dtype).name == "bfloat16" else host
+        return out
+
+    def _replay(self) -> None:
+        import cupy
+        if self._cuda_graph is None:
+            self._run_steps()  # warm-up: the memory pool holds every block the run needs
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                stream.begin_capture()
+                self._run_steps()
+                self._cuda_graph = stream.end_capture()
+            self._stream = stream
+        self._cuda_graph.launch(self._stream)
+        self._stream.synchronize()
+
+
+def _to_device_layout(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else np.ascontiguousarray(a)
+
+
+def _step_io(s):
+    if isinstance(s, LibraryStep):
+        return s.call.node.inputs, s.call.node.outputs
+    return s.subgraph.inputs, s.subgraph.outputs
+
+
+def make_executor(partition: Partition, options):
+    """The session's executor for target 'cuda': compile the partition, then run it."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError as e:
+        raise PowerFusionError(f"target 'cuda' needs CuPy ({e})") from None
+    plan = compile_partition(partition.graph, partition, partition.target)
+    runner = CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)))
+    return runner
