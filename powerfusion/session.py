@@ -223,23 +223,22 @@ def conv_nd(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, op: Conv) -> np.
     if c % g or m % g or w.shape[1] * g != c:
         raise PowerFusionError(f"Conv: input channels {c}, weight {w.shape} and group {g} do not agree")
     xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends)))
-    extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, op.dilations))
-    win = np.lib.stride_tricks.sliding_window_view(xp, extent, axis=tuple(range(2, 2 + nsp)))
-    # win: [N, C, *positions, *extent]; keep every stride-th position and dilation-th tap
-    win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in op.strides)
-              + tuple(slice(None, None, d) for d in op.dilations)]
-    out_sp = win.shape[2:2 + nsp]
+    out_sp = tuple((size - (k - 1) * d - 1) // st + 1
+                   for size, k, d, st in zip(xp.shape[2:], kernel, op.dilations, op.strides))
     taps = int(np.prod(kernel, dtype=np.int64))
     positions = int(np.prod(out_sp, dtype=np.int64))
-    cols = win.reshape((n, g, c // g) + out_sp + tuple(kernel))
-    # -> [g, N, *out, C/g, *kernel] so one matmul per group contracts (C/g x taps)
-    perm = (1, 0) + tuple(range(3, 3 + nsp)) + (2,) + tuple(range(3 + nsp, 3 + 2 * nsp))
-    cols = cols.transpose(perm).reshape(g, n * positions, (c // g) * taps)
-    wm = w.reshape(g, m // g, (c // g) * taps).transpose(0, 2, 1)
-    y = np.matmul(cols, wm)                                   # [g, N*positions, M/g]
-    y = y.reshape((g, n) + out_sp + (m // g,))
-    y = np.moveaxis(y, -1, 2).swapaxes(0, 1)                  # [N, g, M/g, *out]
-    y = y.reshape((n, m) + out_sp)
+    # im2col as one strided block copy per kernel tap: cols[c, tap, n, *out]
+    cols = np.empty((c, taps, n) + out_sp, dtype=x.dtype)
+    for t, k in enumerate(np.ndindex(*kernel)):
+        window = tuple(slice(ki * d, ki * d + (o - 1) * st + 1, st)
+                       for ki, d, st, o in zip(k, op.dilations, op.strides, out_sp))
+        cols[:, t] = xp[(slice(None), slice(None)) + window].swapaxes(0, 1)
+    # channels are group-major, so this is [g, C/g * taps, N * positions] without a copy;
+    # W[g] (M/g x C/g*taps) @ cols[g] lands in channel-major order
+    cols = cols.reshape(g, (c // g) * taps, n * positions)
+    y = np.matmul(w.reshape(g, m // g, (c // g) * taps), cols)   # [g, M/g, N*positions]
+    y = y.reshape((g, m // g, n) + out_sp)
+    y = np.moveaxis(y, 2, 0).reshape((n, m) + out_sp)             # [N, M, *out]
     if b is not None:
         y = y + b.reshape((1, m) + (1,) * nsp)
     return y
