@@ -16,6 +16,28 @@ class LevelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Occupancy:
+    """What limits how many units are resident on one SM / CU / cluster at a time."""
+    units_per_sm: int          # resident warps / wavefronts / pipelines
+    groups_per_sm: int         # resident blocks / workgroups
+    regs_per_sm: int           # 32-bit registers (per lane slot) on one SM / CU
+    max_regs_per_lane: int     # beyond this the compiler spills to local memory
+    shared_per_sm: int         # bytes of shared memory / LDS / SRAM per SM / CU / cluster
+    shared_per_group_max: int  # bytes one block may use
+    reg_overhead: int = 24     # registers per lane for indices, pointers, loop state
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySystem:
+    """Global memory as a latency-bound pipe (Little's law) behind a last-level cache."""
+    latency_s: float           # DRAM load latency under load
+    cache_bytes: int           # last-level cache (L2 / Infinity cache / none)
+    cache_bandwidth: float     # bytes/s of cache hits
+    achievable: float = 0.9    # fraction of the datasheet bandwidth a copy kernel reaches
+    sector_bytes: int = 32     # smallest DRAM/L2 transaction
+
+
+@dataclass(frozen=True, slots=True)
 class TargetSpec:
     name: str
     backend: str                      # cuda | hip | mlu | cpu
@@ -27,6 +49,9 @@ class TargetSpec:
     vector_flops: float               # non-tensor fp32 FLOP/s (elementwise chains)
     launch_s: float                   # per kernel launch
     sync_s: dict[str, float] = field(default_factory=dict)  # per scope, per occurrence
+    occupancy: "Occupancy | None" = None  # residency limits per SM/CU/cluster (perf model)
+    memory: "MemorySystem | None" = None   # latency, cache, bandwidth-vs-parallelism (perf model)
+    calibrated: str = ""                   # where measured figures came from ("" = datasheet)
 
     @property
     def bandwidth(self) -> float:
@@ -37,36 +62,47 @@ class TargetSpec:
         return self.peak_flops.get(dtype, self.peak_flops["float32"]) / self.bandwidth
 
 
-def _gpu(name, backend, lanes, sms, bw, hbm, smem, regs, peaks, vec, launch, l2bw):
+def _gpu(name, backend, lanes, sms, bw, hbm, smem, regs, peaks, vec, launch, l2bw, occupancy=None, memory=None):
     return TargetSpec(
         name, backend, lanes, 32 if lanes == 32 else 16, sms,
         {"global": LevelSpec(bw, hbm), "shared": LevelSpec(l2bw, smem), "register": LevelSpec(l2bw * 4, regs)},
         peaks, vec, launch,
         {"lane": 0.0, "warp": 2e-9, "block": 2e-8, "device": launch},
+        occupancy, memory,
     )
+
+
+# Residency limits from the vendors' occupancy tables (CUDA C Programming Guide, compute
+# capability 8.0 / 9.0; AMD CDNA ISA guides: 10 wavefronts per SIMD x 4 SIMDs; 512 VGPRs of
+# 64 lanes per SIMD; MLU370: 4 IPU cores per cluster, 2 MiB SRAM per cluster).
+_AMPERE = Occupancy(64, 32, 65536, 255, 164 << 10, 163 << 10)
+_HOPPER = Occupancy(64, 32, 65536, 255, 228 << 10, 227 << 10)
+_CDNA1 = Occupancy(40, 16, 4 * 512 * 64, 256, 64 << 10, 64 << 10)
+_CDNA2 = Occupancy(32, 16, 4 * 512 * 64, 512, 64 << 10, 64 << 10)
 
 
 TARGETS: dict[str, TargetSpec] = {
     "a100": _gpu("A100-40GB-PCIe", "cuda", 32, 108, 1.555e12, 40 << 30, 164 << 10, 255 * 4 * 32,
                  {"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12, "int8": 624e12},
-                 19.5e12, 4e-6, 19e12),
+                 19.5e12, 4e-6, 19e12, _AMPERE, MemorySystem(600e-9, 40 << 20, 4.0e12)),
     "h100": _gpu("H100-SXM", "cuda", 32, 132, 3.35e12, 80 << 30, 228 << 10, 255 * 4 * 32,
                  {"float32": 67e12, "tf32": 495e12, "float16": 989e12, "bfloat16": 989e12, "int8": 1979e12},
-                 67e12, 3e-6, 33e12),
+                 67e12, 3e-6, 33e12, _HOPPER, MemorySystem(650e-9, 50 << 20, 8.0e12)),
     "h200": _gpu("H200", "cuda", 32, 132, 4.8e12, 141 << 30, 228 << 10, 255 * 4 * 32,
                  {"float32": 67e12, "tf32": 495e12, "float16": 989e12, "bfloat16": 989e12, "int8": 1979e12},
-                 67e12, 3e-6, 33e12),
+                 67e12, 3e-6, 33e12, _HOPPER, MemorySystem(650e-9, 50 << 20, 8.0e12)),
     "mi100": _gpu("MI100", "hip", 64, 120, 1.2e12, 32 << 30, 64 << 10, 256 * 4 * 64,
                   {"float32": 23.1e12, "float16": 184.6e12, "bfloat16": 92.3e12, "int8": 184.6e12},
-                  23.1e12, 6e-6, 10e12),
+                  23.1e12, 6e-6, 10e12, _CDNA1, MemorySystem(800e-9, 8 << 20, 2.0e12, 0.8, 64)),
     "mi250": _gpu("MI250", "hip", 64, 208, 3.2e12, 128 << 30, 64 << 10, 256 * 4 * 64,
                   {"float32": 47.9e12, "float16": 362e12, "bfloat16": 362e12, "int8": 362e12},
-                  47.9e12, 6e-6, 20e12),
+                  47.9e12, 6e-6, 20e12, _CDNA2, MemorySystem(800e-9, 16 << 20, 4.0e12, 0.8, 64)),
     "mlu370": TargetSpec(
         "MLU370-X4", "mlu", 1, 4, 8,
         {"global": LevelSpec(307e9, 24 << 30), "shared": LevelSpec(1.2e12, 2 << 20), "register": LevelSpec(4e12, 768 << 10)},
         {"float32": 24e12, "float16": 96e12, "bfloat16": 96e12, "int8": 256e12}, 24e12, 10e-6,
-        {"lane": 0.0, "warp": 0.0, "block": 1e-7, "device": 10e-6}),
+        {"lane": 0.0, "warp": 0.0, "block": 1e-7, "device": 10e-6},
+        Occupancy(4, 1, 1 << 20, 1 << 20, 2 << 20, 2 << 20, 0), MemorySystem(1e-6, 0, 307e9, 0.85, 64)),
     "cpu": TargetSpec(
         "generic-CPU", "cpu", 1, 1, 8,
         {"global": LevelSpec(50e9, 64 << 30), "shared": LevelSpec(200e9, 1 << 20), "register": LevelSpec(1e12, 32 << 10)},

@@ -1,0 +1,329 @@
+"""Cost model of a GIR graph: `estimate(graph, target) -> Estimate`, `predict_seconds`.
+
+Each kernel (the schedule split at DEVICE syncs) is analysed once for the limits every
+gOperator in it shares -- registers per lane, shared memory per group, hence resident
+units per SM and how many of the graph's units run at once -- and each gOperator then
+gets a small `Estimate` (bytes per level, FLOPs, syncs, and the seconds they cost under
+those limits). Estimates add up; `predict_seconds` turns the sum into one figure:
+
+    launches * launch + max(memory, compute) + syncs + exposed latency
+
+Memory time per gOperator, global level: global memory is a pipe with a latency
+(Little's law): resident units x bytes each has in flight / latency, capped at the
+achievable bandwidth (and at a per-SM share when few SMs have work). Bytes are the DRAM
+footprint: a buffer read again within one kernel (gamma of a LayerNorm, re-read rows)
+is served by the cache when it fits there. Uncoalesced accesses are charged as extra
+cache transactions (sampled: the sectors one warp access touches vs the minimum).
+Shared level: bytes x bank-conflict degree over the shared bandwidth of the SMs in use.
+Register traffic is counted but costs nothing (it is what the rewrites aim for).
+Compute: elementwise FLOPs from powerfusion.scalar, reductions (with the lanes'
+shuffles) at the vector rate of the SMs in use, derated when few warps can issue.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import numpy as np
+
+from powerfusion.gir.expr import evaluate, loads
+from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Parallel, Reduce, Sync
+from powerfusion.gir.traffic import LEVELS, _elements, _itemsize, _units
+from powerfusion.perfmodel.specs import MemorySystem, Occupancy, TargetSpec, get_target
+
+ILP_CAP = 8          # independent loads one unit keeps in flight (unrolled loops)
+ISSUE_WARPS = 8      # resident warps per SM needed to keep the ALUs busy
+PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of bandwidth
+_DEFAULT_OCC = Occupancy(1, 1, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    bytes_by_level: tuple[tuple[str, float], ...] = ()   # modelled bytes (global: DRAM footprint)
+    flops: float = 0.0
+    syncs: tuple[tuple[str, int], ...] = ()              # scope -> gOperators
+    launches: int = 0
+    memory_s: float = 0.0
+    compute_s: float = 0.0
+    sync_s: float = 0.0
+    latency_s: float = 0.0                               # exposed memory latency (dependent phases)
+    limits: tuple[str, ...] = ()                         # what bounds the kernels (for reports)
+    infeasible: str = ""                                 # why the plan cannot run ("" = it can)
+
+    def __add__(self, other: "Estimate") -> "Estimate":
+        return Estimate(_add_pairs(self.bytes_by_level, other.bytes_by_level), self.flops + other.flops,
+                        _add_pairs(self.syncs, other.syncs), self.launches + other.launches,
+                        self.memory_s + other.memory_s, self.compute_s + other.compute_s,
+                        self.sync_s + other.sync_s, self.latency_s + other.latency_s,
+                        tuple(dict.fromkeys(self.limits + other.limits)),
+                        "; ".join(x for x in (self.infeasible, other.infeasible) if x))
+
+    def bytes(self, level: str) -> float:
+        return dict(self.bytes_by_level).get(level, 0.0)
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["bytes_by_level"], d["syncs"] = dict(self.bytes_by_level), dict(self.syncs)
+        d["limits"] = list(self.limits)
+        return d
+
+
+def _add_pairs(a, b):
+    out = dict(a)
+    for k, v in b:
+        out[k] = out.get(k, 0) + v
+    return tuple(sorted(out.items()))
+
+
+def predict_seconds(est: Estimate, target: TargetSpec | str) -> float:
+    t = get_target(target) if isinstance(target, str) else target
+    if est.infeasible:
+        return math.inf
+    return est.launches * t.launch_s + max(est.memory_s, est.compute_s) + est.sync_s + est.latency_s
+
+
+def estimate(graph: GIRGraph, target: TargetSpec | str) -> Estimate:
+    t = get_target(target) if isinstance(target, str) else target
+    total = Estimate()
+    for ops in graph.kernels():
+        total = total + _kernel_estimate(graph, ops, t)
+    return total
+
+
+# ---- one kernel -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class KernelLimits:
+    regs_per_lane: int
+    shared_bytes: int
+    capacity_units: int        # units resident on the whole device at once
+    limited_by: str
+    infeasible: str = ""
+
+
+def kernel_limits(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> KernelLimits:
+    P, occ = graph.parallel, t.occupancy or _DEFAULT_OCC
+    regs, shared = _registers_per_lane(graph, ops, P.lanes), _shared_bytes(graph, ops)
+    if shared > occ.shared_per_group_max:
+        return KernelLimits(regs, shared, 0, "shared", f"{shared} B shared memory per group > "
+                            f"{occ.shared_per_group_max} B on {t.name}")
+    if P.units_per_group * P.lanes > 1024 and t.backend in ("cuda", "hip"):
+        return KernelLimits(regs, shared, 0, "group", f"{P.units_per_group * P.lanes} threads per group > 1024")
+    regs_used = min(regs + occ.reg_overhead, occ.max_regs_per_lane)
+    per_sm = {"units": occ.units_per_sm // P.units_per_group, "groups": occ.groups_per_sm,
+              "registers": occ.regs_per_sm // max(1, regs_used * P.lanes * P.units_per_group),
+              "shared": occ.shared_per_sm // shared if shared else 1 << 30}
+    which = min(per_sm, key=per_sm.get)
+    groups = per_sm[which]
+    if groups < 1:
+        return KernelLimits(regs, shared, 0, which, f"one group of {P.units_per_group} units does not fit an SM "
+                            f"({which})")
+    return KernelLimits(regs, shared, groups * P.units_per_group * t.groups_concurrent, which)
+
+
+def _registers_per_lane(graph: GIRGraph, ops, lanes: int) -> int:
+    """32-bit registers per lane holding the kernel's REGISTER buffers (the renderer's layouts)."""
+    width: dict[str, int] = {}
+    for op in ops:
+        for s in op.inputs + op.outputs:
+            if s.level == Level.REGISTER:
+                width[s.buffer] = max(width.get(s.buffer, 0), s.width)
+    total = 0
+    for name, w in width.items():
+        b = graph.buffer(name)
+        slots = b.size if w <= 1 else -(-b.size // w) * max(1, w // lanes)
+        total += slots * max(1, -(-_itemsize(b.dtype) // 4))
+    return total
+
+
+def _shared_bytes(graph: GIRGraph, ops) -> int:
+    seen, total = set(), 0
+    for op in ops:
+        for s in op.inputs + op.outputs:
+            if s.level == Level.SHARED and s.buffer not in seen:
+                seen.add(s.buffer)
+                b = graph.buffer(s.buffer)
+                total = -(-total // 16) * 16 + b.size * _itemsize(b.dtype)
+    return total
+
+
+def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Estimate:
+    lim = kernel_limits(graph, ops, t)
+    if lim.infeasible:
+        return Estimate(launches=1, infeasible=lim.infeasible)
+    P = graph.parallel
+    est = Estimate(launches=1, limits=(f"occupancy:{lim.limited_by}",))
+    read_so_far: dict[str, float] = {}
+    written: set[str] = set()
+    phases, pending_sync = 1, False
+    for op in ops:
+        if isinstance(op.args, Sync):
+            est = est + _sync_estimate(op, graph, lim, t)
+            pending_sync = pending_sync or op.args.scope >= 1
+            continue
+        if pending_sync and any(s.level == Level.GLOBAL for s in op.inputs):
+            phases, pending_sync = phases + 1, False
+        est = est + _op_estimate(op, graph, lim, t, read_so_far, written)
+    mem = t.memory
+    spill = max(0, lim.regs_per_lane + (t.occupancy or _DEFAULT_OCC).reg_overhead
+                - (t.occupancy or _DEFAULT_OCC).max_regs_per_lane)
+    if spill and mem:
+        spill_bytes = 2.0 * spill * 4 * P.lanes * P.units
+        est = est + Estimate(memory_s=spill_bytes / mem.cache_bandwidth, limits=("register spill",))
+    if mem:
+        est = est + Estimate(latency_s=phases * mem.latency_s)
+    return est
+
+
+def _sync_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec) -> Estimate:
+    scope = op.args.scope.label
+    P = graph.parallel
+    if scope == "block":
+        waves = math.ceil(P.units / max(1, lim.capacity_units))
+    else:
+        waves = math.ceil(P.units / max(1, lim.capacity_units)) if scope == "warp" else 0
+    return Estimate(syncs=((scope, 1),), sync_s=t.sync_s.get(scope, 0.0) * waves)
+
+
+def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
+                 read_so_far: dict[str, float], written: set[str]) -> Estimate:
+    P = graph.parallel
+    units = _units(op, P)
+    n_active = len(units)
+    if n_active == 0:
+        return Estimate()
+    waves = math.ceil(n_active / max(1, lim.capacity_units))
+    concurrent = n_active / waves                       # units in flight, averaged over waves
+    sms_used = min(t.groups_concurrent, math.ceil(concurrent / P.units_per_group))
+    by_level: dict[str, float] = {}
+    dram = cached = 0.0
+    inflight = 0.0
+    shared_s = 0.0
+    for s, is_write in [(s, False) for s in op.inputs] + [(s, True) for s in op.outputs]:
+        nbytes = _elements(s, units) * _itemsize(s.dtype)
+        by_level[s.level.label] = by_level.get(s.level.label, 0.0) + nbytes
+        if s.level == Level.GLOBAL:
+            amp = _sector_amplification(s, units, P, t.memory)
+            footprint = graph.buffer(s.buffer).size * _itemsize(s.dtype)
+            if is_write:
+                d, c = nbytes, 0.0
+                written.add(s.buffer)
+            elif s.buffer in written:
+                d, c = 0.0, nbytes
+            else:
+                before = read_so_far.get(s.buffer, 0.0)
+                fresh = max(0.0, min(nbytes, footprint - before))
+                fits = t.memory is None or footprint <= t.memory.cache_bytes
+                d, c = (fresh, nbytes - fresh) if fits else (nbytes, 0.0)
+                read_so_far[s.buffer] = before + nbytes
+            dram += d
+            cached += c + (d + c) * (amp - 1.0)
+            lanes_used = min(P.lanes, max(1, -(-s.width // max(1, s.vec))))
+            ilp = ILP_CAP if is_write else min(ILP_CAP, max(1, s.num * max(1, s.width // (P.lanes * s.vec))))
+            inflight = max(inflight, lanes_used * s.vec * _itemsize(s.dtype) * ilp)
+        elif s.level == Level.SHARED:
+            rate = t.levels["shared"].bandwidth * sms_used / t.groups_concurrent
+            shared_s += nbytes * _bank_conflicts(s, units, P) / rate
+    memory_s = shared_s
+    limits: list[str] = []
+    if dram or cached:
+        bw = _global_bandwidth(t, concurrent, sms_used, inflight)
+        memory_s += max(dram / bw, (dram + cached) / _cache_bandwidth(t, sms_used))
+        if bw < t.bandwidth * (t.memory.achievable if t.memory else 1.0) * 0.999:
+            limits.append("parallelism")
+    flops = _flops(op, units, P)
+    compute_s = 0.0
+    if flops:
+        warps_per_sm = concurrent / max(1, sms_used)
+        rate = t.vector_flops / 2 * sms_used / t.groups_concurrent * min(1.0, warps_per_sm / ISSUE_WARPS)
+        compute_s = flops / max(rate, 1.0)
+    return Estimate(tuple(sorted(by_level.items())), flops, memory_s=memory_s, compute_s=compute_s,
+                    limits=tuple(limits))
+
+
+def _global_bandwidth(t: TargetSpec, concurrent: float, sms_used: int, inflight: float) -> float:
+    mem = t.memory
+    peak = t.bandwidth * (mem.achievable if mem else 1.0)
+    if mem is None:
+        return peak
+    littles = concurrent * inflight / mem.latency_s
+    per_sm = PER_SM_SHARE * peak / t.groups_concurrent * sms_used
+    return max(1.0, min(peak, littles, per_sm))
+
+
+def _cache_bandwidth(t: TargetSpec, sms_used: int) -> float:
+    mem = t.memory
+    if mem is None:
+        return t.bandwidth
+    return mem.cache_bandwidth * min(1.0, PER_SM_SHARE * sms_used / t.groups_concurrent)
+
+
+def _flops(op: GOp, units: np.ndarray, P: Parallel) -> float:
+    a = op.args
+    if isinstance(a, Elementwise):
+        from powerfusion.scalar import SCALAR_FNS
+        fn = SCALAR_FNS.get(a.fn)
+        return float(op.outputs[0].count * len(units) * (fn.flops if fn else 1))
+    if isinstance(a, Reduce):
+        s = op.inputs[0]
+        shuffles = 2 * int(math.log2(max(P.lanes, 1))) * P.lanes * s.num if a.over == "width" and s.width > 1 else 0
+        return float((s.count + shuffles) * len(units))
+    return 0.0
+
+
+# ---- sampled access patterns --------------------------------------------------------------
+
+def _sample_grid(s: MemorySlice, units: np.ndarray, P: Parallel):
+    """One warp access of a few sample units: segments i = 0, 1 and the first lanes x vec
+    elements of the segment (what the lanes touch together)."""
+    pick = units[np.unique(np.linspace(0, len(units) - 1, min(4, len(units))).astype(np.int64))]
+    u = pick[:, None, None]
+    i = np.arange(min(s.num, 2), dtype=np.int64)[None, :, None]
+    j = np.arange(min(s.width, P.lanes * max(1, s.vec)), dtype=np.int64)[None, None, :]
+    return u, i, j
+
+
+def _sector_amplification(s: MemorySlice, units: np.ndarray, P: Parallel, mem: MemorySystem | None) -> float:
+    if mem is None or loads(s.index):
+        return 1.0
+    return _amp_cached(s.index, s.num, s.width, s.vec, _itemsize(s.dtype), mem.sector_bytes,
+                       tuple(_sample_units(units)), P.lanes)
+
+
+def _sample_units(units: np.ndarray) -> np.ndarray:
+    return units[np.unique(np.linspace(0, len(units) - 1, min(4, len(units))).astype(np.int64))]
+
+
+@lru_cache(maxsize=65536)
+def _amp_cached(index, num, width, vec, size, sector, sample_units, lanes) -> float:
+    u = np.asarray(sample_units, dtype=np.int64)[:, None, None]
+    i = np.arange(min(num, 2), dtype=np.int64)[None, :, None]
+    j = np.arange(min(width, lanes * max(1, vec)), dtype=np.int64)[None, None, :]
+    addr = np.broadcast_to(evaluate(index, {"u": u, "i": i, "j": j}), (u.shape[0], i.shape[1], j.shape[2]))
+    byte = addr.reshape(-1, j.shape[2]) * size
+    n = j.shape[2]
+    ideal = max(1, -(-n * size // sector))
+    touched = [len(np.unique(row // sector)) for row in byte]
+    return max(1.0, float(np.mean(touched)) / ideal)
+
+
+def _bank_conflicts(s: MemorySlice, units: np.ndarray, P: Parallel) -> float:
+    if loads(s.index):
+        return 1.0
+    return _banks_cached(s.index, s.num, s.width, s.vec, _itemsize(s.dtype), tuple(_sample_units(units)), P.lanes)
+
+
+@lru_cache(maxsize=65536)
+def _banks_cached(index, num, width, vec, size, sample_units, lanes) -> float:
+    u = np.asarray(sample_units, dtype=np.int64)[:, None, None]
+    i = np.arange(min(num, 2), dtype=np.int64)[None, :, None]
+    j = np.arange(min(width, lanes * max(1, vec)), dtype=np.int64)[None, None, :]
+    addr = np.broadcast_to(evaluate(index, {"u": u, "i": i, "j": j}), (u.shape[0], i.shape[1], j.shape[2]))
+    words = (addr.reshape(-1, j.shape[2]) * size) // 4
+    out = []
+    for row in words:
+        w = np.unique(row)
+        per_bank = np.bincount(w % 32, minlength=32)
+        out.append(per_bank.max() / max(1, -(-len(w) // 32)))
+    return max(1.0, float(np.mean(out)))

@@ -1,0 +1,242 @@
+"""Plan search for one memory-bound subgraph: `choose_plan(subgraph, graph, target)`.
+
+    plans     = lower.enumerate_plans(...)           template choice x parameters x merge plan
+    merged    = lower_subgraph(plan) for each         (cheap)
+    bound     = optimistic estimate of each merged    (interface traffic only, one kernel)
+    for plans in order of bound, while bound < best and fewer than `beam` rewritten:
+        optimised = rewrite.optimise(merged)          (the expensive step)
+        drop it if the verifier or the renderer's layout check rejects it
+        predicted = predict_seconds(estimate(optimised))
+    keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
+
+Decisions are cached by the subgraph's structural hash (op kinds, arguments, shapes,
+dtypes -- not names), in memory and on disk under `options.current().cache_dir / "plans"`;
+a hit re-lowers the cached choice under this subgraph's names and renames the cached
+optimised graph onto it (plancache.py), so repeated layers and warm compiles skip search.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from powerfusion.frontend.basic import BasicGraph, Subgraph
+from powerfusion.gir.ir import GIRGraph, Level, Scope, Sync
+from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
+from powerfusion.perfmodel.specs import TargetSpec, get_target
+
+TOP_K = 8
+PROGRESS_MIN = 12   # show a progress bar from this many candidates on
+
+
+@dataclass(frozen=True)
+class RankedPlan:
+    labels: tuple[str, ...]        # template label per basic op (lowering order)
+    predicted_s: float
+    measured_s: float | None = None
+    kernels: int = 0
+    note: str = ""                 # why it was dropped ("" when it was a valid candidate)
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    graph: GIRGraph                # the chosen plan, optimised
+    merged: GIRGraph               # the same plan before rewriting
+    trace: tuple = ()              # rewrite.TraceStep of every rule application
+    predicted_s: float = math.inf
+    measured_s: float | None = None
+    estimate: Estimate | None = None
+    considered: int = 0            # plans enumerated
+    rewritten: int = 0             # plans optimised and predicted
+    pruned: int = 0                # plans skipped by the bound or the beam
+    infeasible: int = 0            # plans the lowering, verifier or renderer rejected
+    top: tuple[RankedPlan, ...] = ()
+    key: str = ""
+    source: str = "search"         # "search" | "memo" | "disk"
+    seconds: float = 0.0           # wall time spent choosing
+    labels: tuple[str, ...] = field(default=())
+
+
+def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str = "cuda", *, tune: bool = False,
+                beam: int = 8, progress=None, limit: int = 32, cache: bool = True) -> PlanChoice:
+    """The best plan the model (or, with tune=True, the device) finds for `subgraph`."""
+    from powerfusion.perfmodel import plancache
+    t0 = time.perf_counter()
+    t = get_target(target) if isinstance(target, str) else target
+    key = plancache.structural_key(subgraph, graph, t)
+    if cache:
+        hit = plancache.lookup(key, subgraph, graph, t, want_measured=tune)
+        if hit is not None:
+            return replace(hit, seconds=time.perf_counter() - t0)
+    choice = _search(subgraph, graph, t, tune=tune, beam=beam, progress=progress, limit=limit)
+    choice = replace(choice, key=key, seconds=time.perf_counter() - t0)
+    if cache:
+        plancache.store(key, subgraph, graph, t, choice)
+    return choice
+
+
+# ---- search -------------------------------------------------------------------------------
+
+@dataclass
+class _Cand:
+    plan: dict
+    labels: tuple[str, ...]
+    merged: GIRGraph
+    bound: float
+    optimised: GIRGraph | None = None
+    trace: tuple = ()
+    estimate: Estimate | None = None
+    predicted: float = math.inf
+    note: str = ""
+
+
+def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
+            limit: int) -> PlanChoice:
+    from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph
+    plans = enumerate_plans(sub, graph, t, limit=limit)
+    cands, infeasible = [], 0
+    for plan in plans:
+        labels = tuple(c.label for c in plan.values())
+        try:
+            merged = lower_subgraph(sub, graph, plan, t)
+        except LowerError:
+            infeasible += 1
+            continue
+        cands.append(_Cand(plan, labels, merged, optimistic_seconds(merged, t)))
+    if not cands:
+        from powerfusion.errors import PowerFusionError
+        raise PowerFusionError(f"subgraph {sub.name}: none of {len(plans)} plans could be lowered for {t.name}")
+    bar = _Progress(len(cands), sub.name, progress)
+    order = sorted(range(len(cands)), key=lambda k: (cands[k].bound, k))
+    best, rewritten, pruned = math.inf, 0, 0
+    for rank, k in enumerate(order):
+        c = cands[k]
+        if rewritten >= max(1, beam) or (c.bound >= best and rewritten):
+            pruned += 1
+            c.note = "pruned"
+            bar.step()
+            continue
+        _evaluate(c, t)
+        rewritten += 1
+        if c.note:
+            infeasible += 1
+        else:
+            best = min(best, c.predicted)
+        bar.step()
+    bar.done()
+    valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
+    if not valid:  # every rewritten plan was rejected: try the rest before giving up
+        for c in cands:
+            if c.note == "pruned":
+                _evaluate(c, t)
+                pruned -= 1
+                if c.note:
+                    infeasible += 1
+                else:
+                    valid = [c]
+                    break
+    if not valid:
+        from powerfusion.errors import PowerFusionError
+        notes = "; ".join(sorted({c.note for c in cands if c.note})[:3])
+        raise PowerFusionError(f"subgraph {sub.name}: no feasible plan for {t.name} ({notes})")
+    top = valid[:TOP_K]
+    measured = {}
+    if tune:
+        from powerfusion.perfmodel.tune import time_graphs
+        times = time_graphs([c.optimised for c in top])
+        measured = {id(c): s for c, s in zip(top, times)}
+        top = sorted(top, key=lambda c: measured.get(id(c), math.inf))
+    win = top[0]
+    ranked = tuple(RankedPlan(c.labels, c.predicted, measured.get(id(c)), len(c.optimised.kernels()))
+                   for c in top)
+    return PlanChoice(win.optimised, win.merged, win.trace, win.predicted, measured.get(id(win)), win.estimate,
+                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels)
+
+
+def _evaluate(c: _Cand, t: TargetSpec) -> None:
+    from powerfusion.rewrite import optimise
+    try:
+        g, trace = optimise(c.merged)
+    except Exception as e:  # a rule refusing this plan (invariant check) rejects the plan, not the model
+        c.note = f"rewrite: {type(e).__name__}: {e}"[:300]
+        return
+    c.optimised, c.trace = g, tuple(trace)
+    reason = feasibility(g, t)
+    if reason:
+        c.note = reason
+        return
+    c.estimate = estimate(g, t)
+    c.predicted = predict_seconds(c.estimate, t)
+    if not math.isfinite(c.predicted):
+        c.note = c.estimate.infeasible or "infeasible"
+
+
+def feasibility(g: GIRGraph, t: TargetSpec) -> str:
+    """'' when the graph verifies and (for C-style GPU targets) the renderer accepts its layouts."""
+    from powerfusion.gir.verifier import GIRVerifyError, verify
+    try:
+        verify(g)
+    except GIRVerifyError as e:
+        return f"verifier: {e}"[:300]
+    renderer = _renderer(t)
+    if renderer is not None:
+        from powerfusion.backends.c_renderer import RenderError
+        try:
+            renderer.render(g)
+        except RenderError as e:
+            return f"renderer: {e}"[:300]
+    return ""
+
+
+def _renderer(t: TargetSpec):
+    if t.backend == "cuda":
+        from powerfusion.backends.cuda.renderer import CUDARenderer
+        return CUDARenderer()
+    if t.backend == "hip":
+        from powerfusion.backends.hip.renderer import HIPRenderer
+        return HIPRenderer()
+    return None
+
+
+def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:
+    """A cheap optimistic estimate of a plan before rewriting: as if every intermediate
+    tensor stayed on chip -- only the accesses of the subgraph's interface buffers, every
+    sync gone, one kernel. Rewriting can only remove traffic, so this ranks plans by what
+    their parallel structure allows (occupancy, bytes in flight, coalescing)."""
+    interface = set(merged.inputs) | set(merged.outputs) | {n for n, _ in merged.constants}
+    keep = []
+    for op in merged.ops:
+        if isinstance(op.args, Sync):
+            continue
+        touches = [s for s in op.inputs + op.outputs if s.level == Level.GLOBAL]
+        if touches and not all(s.buffer in interface for s in touches):
+            continue
+        keep.append(op)
+    est = estimate(merged.with_ops(keep), t)
+    return predict_seconds(est, t)
+
+
+class _Progress:
+    """A one-line text progress bar on stderr, shown only for long searches."""
+
+    def __init__(self, total: int, name: str, mode):
+        from powerfusion import options
+        self.total, self.name, self.k = total, name, 0
+        if mode is None:
+            mode = total >= PROGRESS_MIN and (options.current().verbose >= 1 or sys.stderr.isatty())
+        self.on = bool(mode)
+        self.t0 = time.perf_counter()
+
+    def step(self) -> None:
+        self.k += 1
+        if self.on:
+            n = 30 * self.k // max(1, self.total)
+            sys.stderr.write(f"\r[plan search {self.name}] [{'#' * n}{'.' * (30 - n)}] {self.k}/{self.total} "
+                             f"{time.perf_counter() - self.t0:5.1f}s")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.on:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
