@@ -24,7 +24,10 @@ def convert_reshape(cx: NodeCtx):
 
 def convert_flatten(cx: NodeCtx):
     src = cx.shape(0)
-    axis = cx.axis(cx.attr("axis", 1), len(src) + 1) if src else 0
+    axis = cx.attr("axis", 1)
+    if not -len(src) <= axis <= len(src):
+        cx.fail(f"axis {axis} is out of range for rank {len(src)}")
+    axis = axis + len(src) if axis < 0 else axis  # range [-r, r]: -1 means r - 1
     outer = int(np.prod(src[:axis], dtype=np.int64))
     cx.reshape(cx.inp(0), (outer, int(np.prod(src[axis:], dtype=np.int64))), out=cx.out())
 

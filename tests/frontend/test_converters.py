@@ -81,6 +81,8 @@ CASES = [
     case("Transpose", {"x": f32(2, 3, 4)}, attrs={"perm": [2, 0, 1]}), case("Transpose", {"x": f32(2, 3)}, id="T-default"),
     case("Reshape", {"x": f32(2, 3, 4)}, {"s": i64(0, -1)}), case("Reshape", {"x": f32(2, 3, 4)}, {"s": i64(4, 3, 2)}, id="R2"),
     case("Flatten", {"x": f32(2, 3, 4, 5)}, attrs={"axis": 2}), case("Flatten", {"x": f32(2, 3)}, attrs={"axis": 0}, id="F0"),
+    case("Flatten", {"x": f32(2, 3, 4)}, attrs={"axis": -1}, id="F-neg"),
+    case("Flatten", {"x": f32(2, 3, 4)}, attrs={"axis": 3}, id="F-rank"),
     case("Squeeze", {"x": f32(2, 1, 4, 1)}, {"axes": i64(-1)}),
     case("Squeeze", {"x": f32(2, 1, 4, 1)}, opset=11, id="Squeeze-11-all"),
     case("Unsqueeze", {"x": f32(2, 4)}, {"axes": i64(0, -1)}),
