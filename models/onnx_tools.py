@@ -152,7 +152,7 @@ def _live_nodes(graph_outputs, nodes) -> list:
     return live[::-1]
 
 
-def _dedupe_small_constants(nodes, values, keep: set, max_elements: int = 64) -> dict:
+def _dedupe_small_constants(nodes, values, keep: set, max_elements: int = 64) -> None:
     """Points every use of a small constant (Slice bounds, Reshape shapes) at one copy of
     each distinct value; exporters emit one per node."""
     first, alias = {}, {}
@@ -164,7 +164,6 @@ def _dedupe_small_constants(nodes, values, keep: set, max_elements: int = 64) ->
         for i, n in enumerate(node.input):
             if n in alias:
                 node.input[i] = alias[n]
-    return values
 
 
 def _rebuild(model, nodes, values) -> onnx.ModelProto:
@@ -174,7 +173,7 @@ def _rebuild(model, nodes, values) -> onnx.ModelProto:
         node.doc_string = ""
         del node.metadata_props[:]
     graph_inputs = {i.name for i in g.input}
-    values = _dedupe_small_constants(nodes, values, graph_inputs)
+    _dedupe_small_constants(nodes, values, graph_inputs)
     used = {n for node in nodes for n in node.input} | {o.name for o in g.output}
     inits = [numpy_helper.from_array(np.asarray(values[n], order="C"), n)
              for n in sorted(used) if n in values and n not in graph_inputs]

@@ -2,7 +2,6 @@
 onnxruntime, described truthfully by models/small/manifest.json. No torch needed."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,18 +11,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's `models` package, also under plain `pytest`
+from models import SMALL_DIR as SMALL, small_manifest, small_model_path  # noqa: E402
 from models.onnx_tools import (FRONTEND_OPS, TensorSpec, dynamic_tensors,  # noqa: E402
                                infer_static_shapes, op_histogram, run_onnxruntime, sample_inputs)
 
-SMALL = ROOT / "models" / "small"
-MANIFEST = json.loads((SMALL / "manifest.json").read_text())
+MANIFEST = small_manifest()
 NAMES = ("bert_small", "gpt2_prefill_small", "gpt2_decode_small", "vit_small", "shufflenet_small",
          "efficientnet_small", "resnet_small", "sardrn_small", "rednet_small")
 SIZE_BUDGET = 6 * 2**20  # bytes, all small models together
 
 
 def _load(name: str) -> onnx.ModelProto:
-    return onnx.load(SMALL / f"{name}.onnx")
+    return onnx.load(small_model_path(name))
 
 
 def _specs(name: str, which: str) -> list[TensorSpec]:
@@ -38,6 +37,11 @@ def test_manifest_lists_exactly_the_committed_files():
     assert sorted(MANIFEST["models"]) == sorted(NAMES)
     on_disk = sorted(p.stem for p in SMALL.glob("*.onnx"))
     assert on_disk == sorted(NAMES)
+
+
+def test_unknown_model_name_lists_the_available_ones():
+    with pytest.raises(KeyError, match="gpt2_decode_small"):
+        small_model_path("gpt3_small")
 
 
 def test_small_models_fit_the_size_budget():
