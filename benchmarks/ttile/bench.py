@@ -26,6 +26,16 @@ M1_COMBOS += [("bf16", "int4", None), ("bf16", "nf4", None), ("bf16", "int2", No
 BIG_COMBOS = [("fp16", "int4", None), ("fp16", "nf4", None), ("bf16", "int4", None), ("int8", "int2", None)]
 
 
+TUNED = {("fp16", "int4"), ("bf16", "int4"), ("int8", "int2"), ("int8", "int4"), ("fp16", "int2"), ("fp16", "int8")}
+
+
+def variants(M, A, W):
+    """(rows per warp, ksplit) candidates: the profiling step of hint-based scheduling."""
+    if M == 1 and (A, W) in TUNED:
+        return [(None, None), (2, 1), (4, 1), (4, 4), (8, 4)]
+    return [(None, None)]
+
+
 def timed(launches, graph_len=24, replays=10):
     """Seconds per launch; launches[i] runs on buffer set i (rotated)."""
     import cupy as cp
@@ -81,11 +91,11 @@ def bench_cublas(M, N, K):
     return t, how, N * K * 2 + M * K * 2 + M * N * 2
 
 
-def bench_typed(M, N, K, A, W, zm, R=None):
+def bench_typed(M, N, K, A, W, zm, R=None, ks=None):
     import cupy as cp
     from powerfusion.ttile.matmul import Matmul
     mm = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128, zeros_mode=zm,
-                out_dtype="fp16" if A == "int8" else A, rows_per_warp=R)
+                out_dtype="fp16" if A == "int8" else A, rows_per_warp=R, ksplit=ks)
     s = mm.spec
     words = N * s.K_pad * s.bits // 32
     ng = s.K_pad // s.group_size
@@ -136,17 +146,21 @@ def main(out_dir: str, quick: bool = False):
             rows.append(dict(M=M, N=N, K=K, kernel="cublas_fp16", A="fp16", W="fp16", time_us=tc * 1e6,
                              timing=how, bytes=bytes_c, frac_copy_bw=bytes_c / tc / bw, speedup=1.0))
             for A, W, zm in combos:
-                variants = (None, 1, 4) if M == 1 and (A, W) in (("fp16", "int4"), ("int8", "int2")) else (None,)
-                for R in variants:
+                seen = set()
+                for R, ks in variants(M, A, W):
                     try:
-                        t, how, nbytes, mm = bench_typed(M, N, K, A, W, zm, R)
+                        t, how, nbytes, mm = bench_typed(M, N, K, A, W, zm, R, ks)
                     except Exception as e:   # recorded, never hidden
-                        rows.append(dict(M=M, N=N, K=K, kernel="typed", A=A, W=W, zeros=zm, R=R, error=repr(e)[:300]))
+                        rows.append(dict(M=M, N=N, K=K, kernel="typed", A=A, W=W, zeros=zm, R=R, ksplit=ks,
+                                         error=repr(e)[:300]))
                         continue
+                    if (mm.spec.R, mm.spec.ksplit) in seen:
+                        continue
+                    seen.add((mm.spec.R, mm.spec.ksplit))
                     rows.append(dict(M=M, N=N, K=K, kernel="typed" if mm.fused else "dequant+cublas", A=A, W=W,
-                                     zeros=zm, R=mm.spec.R, time_us=t * 1e6, timing=how, bytes=nbytes,
+                                     zeros=zm, R=mm.spec.R, ksplit=mm.spec.ksplit, default=R is None, time_us=t * 1e6, timing=how, bytes=nbytes,
                                      frac_copy_bw=nbytes / t / bw, speedup=tc / t))
-                    print(f"M={M} N={N} K={K} {A}x{W}{'/' + zm if zm else ''} R={mm.spec.R}: {t * 1e6:.1f} us "
+                    print(f"M={M} N={N} K={K} {A}x{W}{'/' + zm if zm else ''} R={mm.spec.R} ks={mm.spec.ksplit}: {t * 1e6:.1f} us "
                           f"({tc / t:.2f}x cuBLAS, {nbytes / t / bw:.0%} of copy BW)", flush=True)
             cp.get_default_memory_pool().free_all_blocks()
     meta = dict(device=dev, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

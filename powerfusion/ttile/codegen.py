@@ -40,6 +40,7 @@ class KernelSpec:
     R: int = 1               # output rows per warp
     MT: int = 1              # activation rows per block
     warps: int = 4
+    ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
 
     @property
     def bits(self) -> int:
@@ -47,11 +48,9 @@ class KernelSpec:
 
     @property
     def layout(self) -> str:
-        """Word layout chosen at pack time so the kernel's dequantisation is cheap."""
-        tt = get_ttype(self.W_dtype)
-        if self.A_dtype == "int8":
-            return "dp4a"
-        return "pair" if tt.kind in ("int", "uint") else "natural"
+        """Word layout chosen at pack time (the scheduler's `map`) for the fused kernel's unit."""
+        from .device import DEVICES, select_unit, word_layout
+        return word_layout(self.W_dtype, select_unit(DEVICES["sm_90"], self.A_dtype, self.W_dtype, False))
 
     @property
     def dq(self) -> str:
@@ -80,17 +79,28 @@ def padded_k(K: int, bits: int, group: int) -> int:
     return -(-K // step) * step
 
 
-def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None) -> tuple[int, int]:
-    """(R, MT): rows per warp and activation rows per block.
+def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None,
+                  ksplit: int | None = None, warps: int = 4) -> tuple[int, int, int]:
+    """(R, MT, ksplit): rows per warp, activation rows per block, warps splitting K.
 
-    Activations of one word live in registers per M row (E/2 pairs), so MT is capped
-    to keep that under about 32 registers; at M = 1 two rows per warp halve the
-    activation loads per weight byte."""
+    Activations of one word live in registers per M row (E/2 pairs), so MT is capped to
+    keep that under about 32 registers. At small M every activation load is shared by
+    the R rows of a warp, so R grows as the weight bits shrink; R rows per block are
+    then few, and the block's warps split K to keep enough loads in flight."""
     E = 32 // bits
     mt = max(1, min(M, 64 // E, 16))
     if R is None:
-        R = 2 if mt == 1 else 1
-    return R, mt
+        R = DEFAULT_R.get((A_dtype == "int8", bits), 2) if mt == 1 else (2 if mt <= 2 else 1)
+    if ksplit is None:
+        ksplit = warps if (mt == 1 and R >= 4) else 1
+    if ksplit not in (1, warps):
+        raise ValueError(f"ksplit must be 1 or warps={warps}, got {ksplit}")
+    return R, mt, ksplit
+
+
+# rows per warp at M = 1, keyed by (int8 activations, weight bits)
+DEFAULT_R = {(False, 8): 2, (False, 4): 2, (False, 2): 4, (False, 1): 4,
+             (True, 8): 2, (True, 4): 4, (True, 2): 4}
 
 
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
@@ -108,10 +118,10 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         lut = tuple(repr(float(v)) + "f" for v in levels)
     scaled = (not a8) or spec.out_dtype != "int32"
     if kind == "dequant":   # M-independent: one kernel serves every large M
-        spec = dataclasses.replace(spec, M=0, R=1, MT=1, with_bias=False, out_dtype=spec.A_dtype)
+        spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
     name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
-            f"_m{spec.M}_n{spec.N}_k{spec.K}")
+            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}")
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"
@@ -123,6 +133,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         f"group={spec.group_size} zeros={spec.zeros_mode} layout={spec.layout}",
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
+        ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),

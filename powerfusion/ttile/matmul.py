@@ -8,10 +8,10 @@ import numpy as np
 
 from . import codegen
 from .quant import QuantizedWeight, dequantize, normalize_group, pack_words, quantize, unpack_words
+from .device import schedule_typed_gemm
 from .ttype import get_ttype
 
 _NP_OUT = {"fp16": np.float16, "fp32": np.float32, "int32": np.int32}
-FUSED_MAX_M = 16   # above this, A16 runs dequantise + cuBLAS (tensor cores)
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class Matmul:
     def __init__(self, M: int, N: int, K: int, A_dtype: str = "fp16", W_dtype: str = "int4",
                  accum_dtype: str | None = None, out_dtype: str | None = None,
                  group_size: int | None = 128, zeros_mode: str | None = None,
-                 with_bias: bool = False, rows_per_warp: int | None = None):
+                 with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
+                 arch: str = "sm_90", target: str = "h200"):
         if A_dtype not in codegen.KERNEL_WTYPES:
             raise ValueError(f"A_dtype must be one of {sorted(codegen.KERNEL_WTYPES)}, got {A_dtype!r}")
         if W_dtype not in codegen.KERNEL_WTYPES[A_dtype]:
@@ -60,14 +61,15 @@ class Matmul:
             raise ValueError("int8-activation kernels take symmetric signed weights (zeros_mode=None)")
         self.wtype = tt
         G = normalize_group(None if (a8 and out_dtype == "int32") else group_size, K, tt)
-        K_pad = codegen.padded_k(K, tt.bits, G)
+        self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target)
+        K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
-        R, MT = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp)
+        R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit)
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
-                                       zeros_mode, with_bias, R, MT)
+                                       zeros_mode, with_bias, R, MT, ksplit=ks)
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
-        self.fused = a8 or M <= FUSED_MAX_M
+        self.fused = self.schedule.convert_at == "register"
         self.name, self.source = codegen.render(self.spec, "gemv" if self.fused else "dequant")
         self._fn = None
 
@@ -151,7 +153,7 @@ class Matmul:
     def launch_config(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         s = self.spec
         if self.fused:
-            rows = s.R * s.warps
+            rows = s.R * (s.warps if s.ksplit == 1 else 1)
             return (-(-s.N // rows), -(-s.M // s.MT), 1), (32 * s.warps, 1, 1)
         words = s.K_pad * s.bits // 32
         return (-(-(s.N * words) // 256), 1, 1), (256, 1, 1)

@@ -40,8 +40,8 @@ def normalize_group(group_size: int | None, K: int, tt: TType) -> int:
         return tt.block
     if group_size in (None, -1) or group_size >= K:
         return K
-    if group_size not in (32, 64, 128) and group_size % 32:
-        raise ValueError(f"group_size must be 32, 64, 128 (or a multiple of 32) or per-channel, got {group_size}")
+    if group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two >= 32 (32, 64, 128, ...) or per-channel, got {group_size}")
     return int(group_size)
 
 

@@ -18,3 +18,16 @@ def gpu_matmuls(K: int = GPU_K):
         for M in GPU_M:
             yield Matmul(M, GPU_N, K, a, w, out_dtype=out, group_size=group_for(w),
                          zeros_mode=zm, with_bias=True)
+
+
+TILING_COMBOS = [("fp16", "int4", None, "fp16"), ("int8", "int2", None, "fp16"), ("int8", "int4", None, "int32"),
+                 ("bf16", "uint2", "original", "bf16"), ("fp16", "int1", None, "fp16"), ("fp16", "nf4", None, "fp16")]
+TILINGS = [(1, 1), (2, 1), (4, 1), (4, 4), (8, 4)]
+
+
+def tiling_matmuls():
+    for a, w, zm, out in TILING_COMBOS:
+        for R, ks in TILINGS:
+            for M, K in ((1, 4096 + 96), (3, 1000)):
+                yield Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
+                             rows_per_warp=R, ksplit=ks)

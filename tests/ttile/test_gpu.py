@@ -11,7 +11,7 @@ import pytest
 from powerfusion.ttile.codegen import combinations
 from tests.conftest import gpu_missing_reason
 
-from .gpu_cases import GPU_K, GPU_M, GPU_N, group_for
+from .gpu_cases import GPU_K, GPU_M, GPU_N, TILING_COMBOS, TILINGS, group_for
 
 pytestmark = pytest.mark.gpu
 TOL = {"fp16": 5e-3, "bf16": 3e-2, "int8": 2e-3}
@@ -73,3 +73,15 @@ def test_unaligned_k_and_per_channel(combo):
     for M, K, g in ((1, 999, 32), (3, 777, None), (16, 130, 128)):
         mm = Matmul(M, 40, K, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
         check(mm, np.random.default_rng(K))
+
+
+@pytest.mark.parametrize("combo", TILING_COMBOS, ids=lambda c: "-".join(str(x) for x in c))
+@pytest.mark.parametrize("tiling", TILINGS)
+def test_tilings(combo, tiling):
+    """Rows per warp and split-K across warps (the benchmark picks among these)."""
+    from powerfusion.ttile.matmul import Matmul
+    a, w, zm, out = combo
+    for M, K in ((1, 4096 + 96), (3, 1000)):
+        mm = Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
+                    rows_per_warp=tiling[0], ksplit=tiling[1])
+        check(mm, np.random.default_rng(K + tiling[0]))
