@@ -163,6 +163,12 @@ def main(out_dir: str, quick: bool = False):
                     print(f"M={M} N={N} K={K} {A}x{W}{'/' + zm if zm else ''} R={mm.spec.R} ks={mm.spec.ksplit}: {t * 1e6:.1f} us "
                           f"({tc / t:.2f}x cuBLAS, {nbytes / t / bw:.0%} of copy BW)", flush=True)
             cp.get_default_memory_pool().free_all_blocks()
+            _write(out, dev, bw, rows)   # after every shape, so a time-out keeps what was measured
+    _write(out, dev, bw, rows)
+
+
+def _write(out, dev, bw, rows):
+    import cupy as cp
     meta = dict(device=dev, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 commit=git_commit(), copy_bandwidth_GBps=bw / 1e9, cupy=cp.__version__,
                 method="CUDA events over CUDA-graph replays, buffers rotated over >256 MiB")
