@@ -11,7 +11,7 @@ timeout ${TEST_S:-150} python3 -m pytest -q --maxfail=40 -m gpu tests/ttile -p n
   > "$OUT/ttile_gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -25 "$OUT/ttile_gpu_tests.txt"
 if [ -n "${BENCH:-}" ]; then
-  timeout ${BENCH_S:-240} python3 -m benchmarks.ttile.bench "$OUT" ${QUICK:+--quick} 2>&1 | tail -60
+  timeout ${BENCH_S:-240} python3 -m benchmarks.ttile.bench "$OUT" ${QUICK:+--quick} commit=${COMMIT:-unknown} 2>&1 | tail -60
   [ -f "$OUT/ttile_bench.json" ] && python3 benchmarks/ttile/summarize.py "$OUT/ttile_bench.json" > /dev/null
 fi
 ls "$OUT"
