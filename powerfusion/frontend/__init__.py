@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from powerfusion.frontend.basic import BasicGraph, Partition
 from powerfusion.frontend.loader import load_model, parse_shapes
+# imported here, before `partition` below is defined: a first import of the submodule later
+# would rebind the package attribute `partition` to the module
+from powerfusion.frontend import partition as _partition_module  # noqa: E402,F401
 
 
 def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> BasicGraph:
@@ -17,8 +20,8 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
 
 
 def partition(graph: BasicGraph, target: str = "cpu") -> Partition:
-    from powerfusion.frontend.partition import partition_graph
-    return partition_graph(graph, target)
+    """Library calls for compute-bound MatMul/Conv, maximal acyclic subgraphs for the rest."""
+    return _partition_module.partition_graph(graph, target)
 
 
 def run_basic_graph(graph: BasicGraph, feeds: dict):

@@ -45,7 +45,17 @@ def run_elementwise(op: B.Elementwise, args, dtype):
 def run_reduce(op: B.Reduce, args, dtype):
     x = _wide(args[0])
     f = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}[op.fn]
-    return f(x, axis=op.axes, keepdims=op.keepdims).astype(dtype)
+    # identities make empty reductions well defined (ONNX: max of nothing is the lowest value)
+    initial = {"max": _lowest(x.dtype), "min": _highest(x.dtype)}.get(op.fn, np._NoValue)
+    return f(x, axis=op.axes, keepdims=op.keepdims, initial=initial).astype(dtype)
+
+
+def _lowest(dt):
+    return False if dt == bool else (np.iinfo(dt).min if dt.kind in "iu" else -np.inf)
+
+
+def _highest(dt):
+    return True if dt == bool else (np.iinfo(dt).max if dt.kind in "iu" else np.inf)
 
 
 def run_slice(op: B.Slice, args, dtype):

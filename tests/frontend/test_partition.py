@@ -128,3 +128,12 @@ def test_partition_properties_on_a_cnn(target):
     p = partition(import_model(path), target)
     check_partition(p)
     assert p.library_calls and p.subgraphs
+
+
+def test_partition_function_not_shadowed_by_its_module():
+    import importlib
+
+    import powerfusion.frontend as fe
+    importlib.import_module("powerfusion.frontend.partition")
+    from powerfusion.frontend import partition as p
+    assert callable(p) and p is fe.partition and not isinstance(p, type(importlib))
