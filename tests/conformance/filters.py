@@ -15,12 +15,6 @@ EXCLUDED: dict[str, str] = {
     "test_mvn|test_stft(_with_window)?":
         "the case's own model fails onnx shape inference in strict mode (the frontend rejects it with "
         "ModelError before looking at ops)",
-    "test_layer_normalization_(.*axis_negative_.*|default_axis)_expanded(_ver18)?":
-        "frontend bug: Flatten with a negative axis (inside the expanded LayerNormalization function) converts to the wrong shape "
-        "(NodeError); to be fixed in powerfusion/frontend",
-    "test_reduce_(max|min)_empty_set(_bool)?":
-        "frontend bug: numpy executor reduces an empty set with max/min without an identity (ValueError); "
-        "to be fixed in powerfusion/frontend/numpy_exec.py",
 }
 
 # Cases excluded by what their model is rather than by name.
