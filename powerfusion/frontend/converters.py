@@ -27,7 +27,7 @@ CHECKS: dict[str, Callable[[NodeCtx], str | None]] = {**ops_shape.CHECKS, **ops_
 REDUCE_AXES = {op: 1 for op in ops_nn.REDUCE}
 CONST_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Split": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,),
-    "Pad": (1, 2, 3), "Clip": (1, 2), "Dropout": (1, 2), "ConstantOfShape": (0,),
+    "Pad": (1, 2, 3), "Clip": (1, 2), "Dropout": (1, 2), "ConstantOfShape": (0,), "Tile": (1,),
     **{op: (i,) for op, i in REDUCE_AXES.items()},
 }
 

@@ -132,11 +132,60 @@ def convert_identity(cx: NodeCtx):
     cx.alias(cx.inp(0), cx.out())
 
 
+def _negative_branch(cx: NodeCtx, x: str, neg: str, out: str | None):
+    """x where x >= 0, `neg` elsewhere."""
+    return cx.ew("where", cx.ew("less", x, cx.scalar(0, cx.dtype(0))), neg, x, out=out)
+
+
+def convert_prelu(cx: NodeCtx):
+    x = cx.inp(0)
+    _negative_branch(cx, x, cx.ew("mul", x, cx.inp(1)), cx.out())
+
+
+def _expm1_scaled(cx: NodeCtx, x: str, alpha: float) -> str:
+    dt = cx.dtype(0)
+    return cx.ew("mul", cx.ew("sub", cx.ew("exp", x), cx.scalar(1, dt)), cx.scalar(alpha, dt))
+
+
+def convert_elu(cx: NodeCtx):
+    x = cx.inp(0)
+    _negative_branch(cx, x, _expm1_scaled(cx, x, float(cx.attr("alpha", 1.0))), cx.out())
+
+
+def convert_selu(cx: NodeCtx):
+    x = cx.inp(0)
+    alpha, gamma = float(cx.attr("alpha", 1.67326319217681884765625)), float(cx.attr("gamma", 1.05070102214813232421875))
+    e = _negative_branch(cx, x, _expm1_scaled(cx, x, alpha), None)
+    cx.ew("mul", e, cx.scalar(gamma, cx.dtype(0)), out=cx.out())
+
+
+def _softplus(cx: NodeCtx, x: str, out=None) -> str:
+    # relu(x) + log(1 + exp(-|x|)): no overflow for large |x|
+    dt = cx.dtype(0)
+    tail = cx.ew("log", cx.ew("add", cx.ew("exp", cx.ew("neg", cx.ew("abs", x))), cx.scalar(1, dt)))
+    return cx.ew("add", cx.ew("relu", x), tail, out=out)
+
+
+def convert_softplus(cx: NodeCtx):
+    _softplus(cx, cx.inp(0), out=cx.out())
+
+
+def convert_softsign(cx: NodeCtx):
+    x = cx.inp(0)
+    cx.ew("div", x, cx.ew("add", cx.ew("abs", x), cx.scalar(1, cx.dtype(0))), out=cx.out())
+
+
+def convert_mish(cx: NodeCtx):
+    x = cx.inp(0)
+    cx.ew("mul", x, cx.ew("tanh", _softplus(cx, x)), out=cx.out())
+
+
 CONVERTERS = {op: unary(fn) for op, fn in UNARY.items()}
 CONVERTERS.update({op: binary(fn) for op, fn in BINARY.items()})
 CONVERTERS.update({op: variadic(fn) for op, fn in VARIADIC.items()})
 CONVERTERS.update({
     "Mean": convert_mean, "Pow": convert_pow, "LeakyRelu": convert_leaky_relu, "HardSigmoid": convert_hard_sigmoid,
     "HardSwish": convert_hard_swish, "Clip": convert_clip, "Gelu": convert_gelu, "Where": convert_where,
-    "Cast": convert_cast, "Identity": convert_identity,
+    "Cast": convert_cast, "Identity": convert_identity, "PRelu": convert_prelu, "Elu": convert_elu,
+    "Selu": convert_selu, "Softplus": convert_softplus, "Softsign": convert_softsign, "Mish": convert_mish,
 })

@@ -150,6 +150,43 @@ def convert_expand(cx: NodeCtx):
         cx.emit(Broadcast(tuple(shape)), [name], shape, cx.dtype(0), out=cx.out())
 
 
+def convert_tile(cx: NodeCtx):
+    from powerfusion.frontend.basic import Broadcast
+    shape = cx.shape(0)
+    reps = cx.const_ints(1, "repeats")
+    if len(reps) != len(shape) or min(reps, default=1) < 0:
+        cx.fail(f"repeats {reps} do not match rank {len(shape)}")
+    # [d0, d1] -> [1, d0, 1, d1] -> broadcast [r0, d0, r1, d1] -> [r0*d0, r1*d1]
+    spread = cx.reshape(cx.inp(0), [v for d in shape for v in (1, d)])
+    wide = tuple(v for r, d in zip(reps, shape) for v in (r, d))
+    b = cx.emit(Broadcast(wide), [spread], wide, cx.dtype(0))
+    cx.reshape(b, [r * d for r, d in zip(reps, shape)], out=cx.out())
+
+
+def convert_depth_to_space(cx: NodeCtx):
+    n, c, h, w = cx.shape(0)
+    bs = int(cx.attr("blocksize"))
+    if c % (bs * bs):
+        cx.fail(f"channels {c} are not a multiple of blocksize^2 = {bs * bs}")
+    if cx.attr("mode", "DCR") == "DCR":
+        r = cx.reshape(cx.inp(0), (n, bs, bs, c // bs // bs, h, w))
+        t = cx.transpose(r, (0, 3, 4, 1, 5, 2))
+    else:  # CRD
+        r = cx.reshape(cx.inp(0), (n, c // bs // bs, bs, bs, h, w))
+        t = cx.transpose(r, (0, 1, 4, 2, 5, 3))
+    cx.reshape(t, (n, c // bs // bs, h * bs, w * bs), out=cx.out())
+
+
+def convert_space_to_depth(cx: NodeCtx):
+    n, c, h, w = cx.shape(0)
+    bs = int(cx.attr("blocksize"))
+    if h % bs or w % bs:
+        cx.fail(f"spatial size {(h, w)} is not a multiple of blocksize {bs}")
+    r = cx.reshape(cx.inp(0), (n, c, h // bs, bs, w // bs, bs))
+    t = cx.transpose(r, (0, 3, 5, 1, 2, 4))
+    cx.reshape(t, (n, c * bs * bs, h // bs, w // bs), out=cx.out())
+
+
 PAD_MODES = ("constant", "edge", "reflect")
 
 
@@ -223,6 +260,7 @@ CONVERTERS = {
     "Split": convert_split, "Slice": convert_slice, "Gather": convert_gather,
     "GatherElements": convert_gather_elements, "Expand": convert_expand, "Pad": convert_pad,
     "Dropout": convert_dropout, "Constant": convert_constant, "Shape": convert_shape,
-    "ConstantOfShape": convert_constant_of_shape,
+    "ConstantOfShape": convert_constant_of_shape, "Tile": convert_tile, "DepthToSpace": convert_depth_to_space,
+    "SpaceToDepth": convert_space_to_depth,
 }
 CHECKS = {"Pad": pad_unsupported, "Dropout": dropout_unsupported}
