@@ -14,8 +14,6 @@ Approximations (stated, since the rules only need a consistent order):
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from powerfusion.gir.expr import loads
@@ -44,9 +42,23 @@ def _elements(s: MemorySlice, units: np.ndarray) -> float:
     return float(s.mask(sample).mean() * s.count * len(units))
 
 
-@lru_cache(maxsize=65536)
+_CACHE: dict[int, tuple[GOp, Parallel, tuple]] = {}
+
+
 def op_traffic(op: GOp, parallel: Parallel) -> tuple[tuple[str, int], ...]:
-    """(level label, bytes) pairs of one gOperator."""
+    """(level label, bytes) pairs of one gOperator; remembered per op object (ops are immutable
+    and shared by the successive graphs of a rewrite, so hashing them each time would dominate)."""
+    hit = _CACHE.get(id(op))
+    if hit is not None and hit[0] is op and hit[1] == parallel:
+        return hit[2]
+    if len(_CACHE) > 200_000:
+        _CACHE.clear()
+    out = _op_traffic(op, parallel)
+    _CACHE[id(op)] = (op, parallel, out)
+    return out
+
+
+def _op_traffic(op: GOp, parallel: Parallel) -> tuple[tuple[str, int], ...]:
     if isinstance(op.args, Sync):
         return ()
     units = _units(op, parallel)

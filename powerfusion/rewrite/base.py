@@ -6,12 +6,14 @@ driver (driver.py) applies it. Rules never edit a graph in place.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from powerfusion.gir.expr import I, J, loads
-from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Sync
+from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +24,17 @@ class Rewrite:
     changed: tuple[int, ...]   # uids of the old graph's gOperators this rewrite replaced or removed
 
     def apply(self, graph: GIRGraph) -> GIRGraph:
-        return graph.with_ops(self.ops, self.buffers)
+        """The new graph; buffers nothing uses any more are dropped (as GIRGraph.with_ops does)."""
+        keep = set(graph.inputs) | set(graph.outputs) | {n for n, _ in graph.constants}
+        for op in self.ops:
+            keep.update(s.buffer for s in op.inputs + op.outputs)
+            keep |= op_loads(op)
+        return replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
 
 
 def interface(g: GIRGraph) -> set[str]:
     """Buffers the rest of the model sees: never renamed, removed or relocated."""
-    return set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
+    return index(g).interface
 
 
 def _slice_loads(s: MemorySlice) -> frozenset[str]:
@@ -35,24 +42,78 @@ def _slice_loads(s: MemorySlice) -> frozenset[str]:
     return out | loads(s.valid) if s.valid is not None else out
 
 
+_OP_LOADS: dict[int, tuple[GOp, frozenset[str]]] = {}
+
+
 def op_loads(op: GOp) -> frozenset[str]:
-    """Buffers an op reads through gather expressions (indices, masks, guard)."""
+    """Buffers an op reads through gather expressions (indices, masks, guard); remembered per
+    op object (ops are immutable and shared between the graphs of a rewrite sequence)."""
+    hit = _OP_LOADS.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
     out = frozenset().union(*(_slice_loads(s) for s in op.inputs + op.outputs))
-    return out | loads(op.guard) if op.guard is not None else out
+    out = out | loads(op.guard) if op.guard is not None else out
+    if len(_OP_LOADS) > 200_000:
+        _OP_LOADS.clear()
+    _OP_LOADS[id(op)] = (op, out)
+    return out
+
+
+class GraphIndex:
+    """Who writes, reads and gathers from each buffer, built once per (immutable) graph."""
+
+    def __init__(self, g: GIRGraph):
+        self.writers: dict[str, list[int]] = {}
+        self.readers: dict[str, list[int]] = {}
+        self.loaded: set[str] = set()
+        self.device_syncs: list[int] = []
+        self.moves_reading: dict[str, list[int]] = {}   # by source buffer
+        self.interface = set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
+        for k, op in enumerate(g.ops):
+            if isinstance(op.args, Sync):
+                if op.args.scope == Scope.DEVICE:
+                    self.device_syncs.append(k)
+                continue
+            for s in op.outputs:
+                _add(self.writers, s.buffer, k)
+            gathered = op_loads(op)
+            self.loaded |= gathered
+            for name in dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered)):
+                _add(self.readers, name, k)
+            if isinstance(op.args, Move):
+                _add(self.moves_reading, op.inputs[0].buffer, k)
+
+
+def _add(table: dict, key, k: int) -> None:
+    table.setdefault(key, []).append(k)
+
+
+_INDEX: OrderedDict[int, tuple[GIRGraph, GraphIndex]] = OrderedDict()
+
+
+def index(g: GIRGraph) -> GraphIndex:
+    hit = _INDEX.get(id(g))
+    if hit is not None and hit[0] is g:
+        _INDEX.move_to_end(id(g))
+        return hit[1]
+    idx = GraphIndex(g)
+    _INDEX[id(g)] = (g, idx)
+    if len(_INDEX) > 16:
+        _INDEX.popitem(last=False)
+    return idx
 
 
 def writers(g: GIRGraph, name: str) -> list[int]:
-    return [k for k, op in enumerate(g.ops) if not is_sync(op) and any(s.buffer == name for s in op.outputs)]
+    return index(g).writers.get(name, [])
 
 
 def readers(g: GIRGraph, name: str) -> list[int]:
     """Ops that read `name` as data or through a gather expression (syncs excluded)."""
-    return [k for k, op in enumerate(g.ops)
-            if not is_sync(op) and (any(s.buffer == name for s in op.inputs) or name in op_loads(op))]
+    return index(g).readers.get(name, [])
 
 
 def loaded_anywhere(g: GIRGraph, name: str) -> bool:
-    return any(name in op_loads(op) for op in g.ops)
+    return name in index(g).loaded
 
 
 def is_move(op: GOp) -> bool:
@@ -66,6 +127,11 @@ def is_sync(op: GOp) -> bool:
 def written_between(g: GIRGraph, name: str, lo: int, hi: int) -> bool:
     """Does any op with index in (lo, hi) write `name`?"""
     return any(lo < k < hi for k in writers(g, name))
+
+
+def device_syncs_between(g: GIRGraph, lo: int, hi: int) -> list[int]:
+    ds = index(g).device_syncs
+    return ds[bisect_right(ds, lo):bisect_left(ds, hi)]
 
 
 def fresh_name(g: GIRGraph, base: str) -> str:
@@ -89,6 +155,9 @@ def with_uids(ops, start: int) -> tuple[GOp, ...]:
 
 def rename_buffer(op: GOp, old: str, new: str) -> GOp:
     """The op with every slice of buffer `old` pointing at `new` (same level and pattern)."""
+    if not any(s.buffer == old for s in op.inputs + op.outputs):
+        return op     # untouched ops stay the same objects (per-op caches keep hitting)
+
     def fix(s: MemorySlice) -> MemorySlice:
         return replace(s, buffer=new) if s.buffer == old else s
     return replace(op, inputs=tuple(map(fix, op.inputs)), outputs=tuple(map(fix, op.outputs)))

@@ -11,7 +11,7 @@ from dataclasses import replace
 from powerfusion.gir.expr import binop
 from powerfusion.gir.ir import GIRGraph, Level, MemorySlice, Scope
 from powerfusion.gir.traffic import not_worse, traffic
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_syncs_between, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, same_guard, written_between, writers)
 from powerfusion.rewrite.patterns import writer_coords
 
@@ -20,11 +20,10 @@ _NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}
 
 def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str] = frozenset()) -> bool:
     """Is there a kernel boundary in (lo, hi) that stays (guards more than `ignore`)?"""
-    for op in g.ops[lo + 1:hi]:
-        if is_sync(op) and op.args.scope == Scope.DEVICE:
-            names = {s.buffer for s in op.inputs + op.outputs}
-            if not names or names - ignore:
-                return True
+    for k in device_syncs_between(g, lo, hi):
+        names = {s.buffer for s in g.ops[k].inputs + g.ops[k].outputs}
+        if not names or names - ignore:
+            return True
     return False
 
 
@@ -163,9 +162,9 @@ def merge_parallel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     if not is_move(op2):
         return None
     s = op2.inputs[0]
-    for w in range(at):
+    for w in index(g).moves_reading.get(s.buffer, []):
         op1 = g.ops[w]
-        if not (is_move(op1) and op1.inputs[0] == s and same_guard(op1, op2)):
+        if w >= at or op1.inputs[0] != s or not same_guard(op1, op2):
             continue
         if written_between(g, s.buffer, w, at):
             continue

@@ -1,5 +1,6 @@
 """Property: after EVERY single rule application the interpreter gives the basic-op reference,
-and modelled traffic never rises (1,000 random merged graphs, small shapes)."""
+and modelled traffic never rises (random merged graphs over row, column and masked-chunk
+tilings; the 1,000-example run on lowered basic-op subgraphs is test_property_lowered.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,7 @@ def _assert_matches(g, feeds, expected, label):
         np.testing.assert_allclose(out[name].reshape(ref.shape), ref, rtol=RTOL, atol=ATOL, err_msg=label)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(merged_graphs())
 def test_every_rewrite_step_preserves_outputs_and_never_raises_traffic(case):
     g, feeds, expected = case
