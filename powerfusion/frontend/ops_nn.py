@@ -269,6 +269,9 @@ def convert_conv(cx: NodeCtx):
 # ---- pooling ----------------------------------------------------------------------------
 
 def _pool_window(cx: NodeCtx, pad_value: float):
+    # with ceil_mode, onnx shape inference keeps a last window that starts in the end padding;
+    # onnxruntime and the onnx reference drop it, and so do we
+    cx.check_shapes = not cx.attr("ceil_mode", 0)
     xs = cx.shape(0)
     nsp = len(xs) - 2
     kernel = tuple(cx.attr("kernel_shape"))

@@ -116,11 +116,19 @@ def convert_slice(cx: NodeCtx):
         a = cx.axis(a, len(shape))
         if s == 0:
             cx.fail("slice step 0")
-        # Python's slice.indices applies ONNX's clamping rules (INT_MAX ends included)
-        b, e, s = slice(b, e, s).indices(shape[a])
+        b, e = _clamp_slice(b, e, s, shape[a])
         oshape[a] = len(range(b, e, s))
         starts[a], stops[a], steps[a] = b, (None if s < 0 and e < 0 else e), s
     cx.emit(Slice(tuple(starts), tuple(stops), tuple(steps)), [cx.inp(0)], oshape, cx.dtype(0), out=cx.out())
+
+
+def _clamp_slice(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
+    """ONNX's clamping (not Python's: a negative step clamps start to dim - 1, not to -1)."""
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
 
 
 def convert_gather(cx: NodeCtx):
