@@ -8,7 +8,7 @@ not a reason to show nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from powerfusion.gir.ir import GIRGraph, Parallel
 
@@ -38,6 +38,7 @@ class SubgraphRun:
     kernels: tuple = ()          # backend KernelSource objects (name, source, op_lines)
     error: str | None = None
     failed_at: str | None = None  # "lower" | "rewrite" | "codegen"
+    note: str | None = None       # e.g. why the compile pipeline's choice is not the one shown
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,10 @@ def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
     return SubgraphRun(sub, templates, merged, trace, final, kernels)
 
 
-def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None) -> ModelRun:
+def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None,
+               search: bool = True) -> ModelRun:
+    """Import and partition; then each subgraph as `powerfusion compile` would build it (its
+    perf-model search, when `search`), isolated so that one failure does not hide the rest."""
     from powerfusion.frontend import import_model
     from powerfusion.frontend.partition import partition_graph  # the module shadows frontend.partition
     graph = import_model(model, shapes)
@@ -127,19 +131,48 @@ def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, p
     for k, sub in enumerate(part.subgraphs):
         if progress:
             progress(f"subgraph {k + 1}/{len(part.subgraphs)}: {sub.name} ({len(sub.nodes)} basic ops)")
-        runs.append(run_subgraph(sub, graph, target, renderer))
+        run, note = (_compiled(sub, graph, part, target, codegen) if search else (None, None))
+        if run is None:
+            run = run_subgraph(sub, graph, target, renderer)
+            if note:
+                run = replace(run, note=note)
+        runs.append(run)
     return ModelRun(graph.name or "model", target, graph, part, tuple(runs))
+
+
+def _compiled(sub, graph, part, target: str, codegen: bool) -> tuple[SubgraphRun | None, str | None]:
+    """(the compile pipeline's result for one subgraph, or None and why not)."""
+    try:
+        from powerfusion.compiler import compile_partition
+    except ImportError:
+        return None, None
+    from powerfusion.frontend.basic import Partition
+    try:
+        plan = compile_partition(graph, Partition(graph, part.target, [sub]), target, codegen=codegen)
+    except Exception as e:  # noqa: BLE001 -- the default-choice path below shows where it fails
+        return None, f"the compile pipeline failed ({_text(e)}); showing the default template choice"
+    return from_plan(plan).runs[0], None
 
 
 def from_plan(plan) -> ModelRun:
     """A compiled `powerfusion.compiler.Plan`: its KernelSteps already hold merged, trace, gir, kernels."""
     runs = []
     for step in plan.kernel_steps:
-        trace = _rule_steps(step.trace)
+        trace = _rule_steps(step.trace or _replayed(step.merged, step.gir))
         merged = _numbered(step.merged, trace, step.gir)
         templates = _template_graphs(step.subgraph, plan.graph, plan.target, step.merged)
         runs.append(SubgraphRun(step.subgraph, templates, merged, trace, step.gir, tuple(step.kernels)))
     return ModelRun(plan.model, plan.target, plan.graph, plan.partition, tuple(runs))
+
+
+def _replayed(merged: GIRGraph, final: GIRGraph) -> tuple:
+    """A plan restored from a cache may come without its trace: rewrite again (deterministic)
+    and keep the trace if it ends where the plan did."""
+    from powerfusion.rewrite import optimise
+    if merged.ops == final.ops:
+        return ()
+    again, trace = optimise(merged)
+    return tuple(trace) if again.ops == final.ops else ()
 
 
 def from_gir(merged: GIRGraph, trace=(), final: GIRGraph | None = None, name: str | None = None) -> ModelRun:
@@ -155,7 +188,6 @@ def from_gir(merged: GIRGraph, trace=(), final: GIRGraph | None = None, name: st
 def combined(templates: tuple[TemplateChoice, ...], name: str) -> tuple[GIRGraph, list[str]] | None:
     """The chosen candidates side by side in one graph (not merged: no syncs), for the first
     stage, and per op the template it came from."""
-    from dataclasses import replace
     chosen = [t for t in templates if t.graph is not None]
     if not chosen:
         return None

@@ -13,13 +13,18 @@ from powerfusion.viz.gir_json import gir_json
 FORMAT_VERSION = 1
 
 
-def viz_data(source, *, shapes=None, target: str = "cuda", codegen: bool = True, progress=None) -> dict:
+def viz_data(source, *, shapes=None, target: str = "cuda", codegen: bool = True, search: bool = True,
+             progress=None) -> dict:
     """`source`: an .onnx path, bytes or ModelProto; a compiled `powerfusion.compiler.Plan`;
-    a GIRGraph (optionally `(merged, trace)` or `(merged, trace, final)`); or a ModelRun."""
-    return run_data(to_run(source, shapes=shapes, target=target, codegen=codegen, progress=progress))
+    a GIRGraph (optionally `(merged, trace)` or `(merged, trace, final)`); or a ModelRun.
+    For a model, `search=False` shows the default template choice instead of the perf-model
+    search's (faster), and `codegen=False` skips rendering kernel source."""
+    return run_data(to_run(source, shapes=shapes, target=target, codegen=codegen, search=search,
+                           progress=progress))
 
 
-def to_run(source, *, shapes=None, target: str = "cuda", codegen: bool = True, progress=None) -> ModelRun:
+def to_run(source, *, shapes=None, target: str = "cuda", codegen: bool = True, search: bool = True,
+           progress=None) -> ModelRun:
     from powerfusion.gir.ir import GIRGraph
     if isinstance(source, ModelRun):
         return source
@@ -29,7 +34,7 @@ def to_run(source, *, shapes=None, target: str = "cuda", codegen: bool = True, p
         return from_gir(*source)
     if hasattr(source, "kernel_steps") and hasattr(source, "partition"):
         return from_plan(source)
-    return from_model(source, shapes, target, codegen, progress)
+    return from_model(source, shapes, target, codegen, progress, search)
 
 
 def run_data(run: ModelRun) -> dict:
@@ -155,7 +160,7 @@ def subgraph_data(r: SubgraphRun) -> dict:
         "kernels": {"before": len(r.merged.kernels()) if r.merged is not None else None,
                     "after": len(r.final.kernels()) if r.final is not None else None},
         "sources": sources,
-        "error": r.error, "failed_at": r.failed_at,
+        "error": r.error, "failed_at": r.failed_at, "note": r.note,
     }
 
 

@@ -1,8 +1,9 @@
 """One GIR graph as plain JSON data for the visualiser (the `gir` objects of docs/viz.md).
 
-Nodes are the gOperators in schedule order; edges are the dataflow of
-`GIRGraph.to_networkx()` (the last writer of a buffer -> each later reader), labelled
-with the reader's slice; interface buffers appear as `in:NAME` / `out:NAME` nodes so
+Nodes are the gOperators in schedule order; edges are dataflow, labelled with the
+reader's slice: like `GIRGraph.to_networkx()` (writer of a buffer -> later reader), except
+that consecutive writers of one buffer with no read between them (a concat's moves, each
+filling its part) all feed the next reader, not only the last of them; interface buffers appear as `in:NAME` / `out:NAME` nodes so
 that a subgraph's inputs and outputs are visible. Every op records the kernel it
 belongs to (DEVICE syncs are the boundaries and belong to none).
 """
@@ -56,26 +57,7 @@ def gir_json(g: GIRGraph) -> dict:
     from powerfusion.gir.traffic import op_traffic, traffic
     kernels = kernel_of_ops(g)
     ops = [op_json(op, k, kernels[k], dict(op_traffic(op, g.parallel))) for k, op in enumerate(g.ops)]
-    edges = []
-    nxg = g.to_networkx()
-    for a, b, data in nxg.edges(data=True):
-        s = data["slice"]
-        edges.append({"source": a, "target": b, "buffer": s.buffer, "label": slice_label(s)})
-    written = {s.buffer for op in g.ops for s in op.outputs}
-    first_read: dict[str, list] = {}
-    for k, op in enumerate(g.ops):
-        for s in op.inputs:
-            if s.buffer in g.inputs or (s.buffer in dict(g.constants) and s.buffer not in written):
-                if not any(w < k for w in _writers(g, s.buffer)):
-                    first_read.setdefault(s.buffer, []).append((k, s))
-    for name, reads in first_read.items():
-        for k, s in reads:
-            edges.append({"source": f"in:{name}", "target": k, "buffer": name, "label": slice_label(s)})
-    for name in g.outputs:
-        ws = _writers(g, name)
-        if ws:
-            s = next(s for s in g.ops[ws[-1]].outputs if s.buffer == name)
-            edges.append({"source": ws[-1], "target": f"out:{name}", "buffer": name, "label": slice_label(s)})
+    edges = dataflow_edges(g)
     return {
         "name": g.name,
         "parallel": {"units": g.parallel.units, "units_per_group": g.parallel.units_per_group,
@@ -89,5 +71,33 @@ def gir_json(g: GIRGraph) -> dict:
     }
 
 
-def _writers(g: GIRGraph, name: str) -> list[int]:
-    return [k for k, op in enumerate(g.ops) if not isinstance(op.args, Sync) and any(s.buffer == name for s in op.outputs)]
+def dataflow_edges(g: GIRGraph) -> list[dict]:
+    outside = set(g.inputs) | {n for n, _ in g.constants}
+    edges = []
+    pending: dict[str, list[int]] = {}   # buffer -> its writers since it was last read after a write
+    read_since: dict[str, bool] = {}
+    last_data: dict[str, list[int]] = {}  # the same, ignoring syncs (what the outputs come from)
+
+    def edge(a, b, s):
+        edges.append({"source": a, "target": b, "buffer": s.buffer, "label": slice_label(s)})
+    for k, op in enumerate(g.ops):
+        for s in op.inputs:
+            if s.buffer in pending:
+                for w in pending[s.buffer]:
+                    edge(w, k, s)
+            elif s.buffer in outside:
+                edge(f"in:{s.buffer}", k, s)
+            read_since[s.buffer] = True
+        for s in op.outputs:
+            if read_since.get(s.buffer, True):
+                pending[s.buffer] = []
+            if k not in pending[s.buffer]:
+                pending[s.buffer].append(k)
+            read_since[s.buffer] = False
+            if not isinstance(op.args, Sync):
+                last_data[s.buffer] = list(pending[s.buffer])
+    for name in g.outputs:
+        for w in last_data.get(name, ()):
+            s = next(s for s in g.ops[w].outputs if s.buffer == name)
+            edge(w, f"out:{name}", s)
+    return edges

@@ -43,13 +43,3 @@ def matmul_relu(m: int = 256, k: int = 256, n: int = 256):
                      [h.make_tensor("w", T.FLOAT, [k, n], w.ravel().tolist())])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
-
-def conv_memory_bound():
-    """A small full Conv: memory-bound on a GPU target, and no GIR template implements it."""
-    import numpy as np
-    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
-    node = h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")
-    g = h.make_graph([node], "conv", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
-                     [h.make_tensor("w", T.FLOAT, [4, 3, 3, 3], w.ravel().tolist())])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])

@@ -1,0 +1,73 @@
+"""The HTML page in headless Chromium: loads offline without console messages, draws a
+graph, and stepping (driven by the URL hash) changes what is drawn."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from powerfusion.viz import write
+from tests.viz import chromium
+from tests.viz.models import channel_shuffle, relu_add
+
+pytestmark = pytest.mark.browser
+CANVAS = (245, 200, 1040, 900)   # the graph area of a 1400x900 window (sidebar 240, details 340)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    path = tmp_path_factory.mktemp("viz") / "shuffle.html"
+    data = write(channel_shuffle(), str(path), target="cuda")
+    return path, data
+
+
+def _attrs(dom: str) -> dict:
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    return dict(re.findall(r'data-(\w+)="([^"]*)"', body))
+
+
+def test_harness_sees_console_errors(tmp_path):
+    """The check below can fail: an uncaught exception shows up as a console message."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>throw new Error('deliberate');</script></body></html>")
+    _, console = chromium.dump_dom(bad.as_uri())
+    assert any("deliberate" in m for m in console)
+
+
+def test_loads_without_console_messages_and_draws(page):
+    path, data = page
+    sg = data["subgraphs"][0]
+    for step in (0, len(sg["stages"]) - 1):
+        dom, console = chromium.dump_dom(f"{path.as_uri()}#view={sg['name']}&step={step}")
+        assert console == [], console
+        attrs = _attrs(dom)
+        assert attrs["ready"] == "1" and attrs["view"] == sg["name"] and attrs["step"] == str(step)
+        drawn = len(re.findall(r'<g class="node[ "]', dom))
+        assert drawn == int(attrs["nodes"]) and drawn >= len(sg["stages"][step]["gir"]["ops"])
+        assert sg["stages"][step]["label"] in dom.replace("&amp;", "&").replace("&gt;", ">")
+    dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition")
+    assert console == [] and _attrs(dom)["view"] == "partition"
+    assert len(re.findall(r'<g class="node[ "]', dom)) == len(data["partition"]["nodes"]) + 4  # + 2 in, 2 out
+
+
+def test_stepping_changes_the_picture(page, tmp_path):
+    path, data = page
+    sg = data["subgraphs"][0]
+    merged = next(k for k, s in enumerate(sg["stages"]) if s["kind"] == "merged")
+    shots = {}
+    for step in (merged, len(sg["stages"]) - 1):
+        png = str(tmp_path / f"step{step}.png")
+        assert chromium.screenshot(f"{path.as_uri()}#view={sg['name']}&step={step}", png) == []
+        shots[step] = png
+        assert chromium.coloured_pixels(png, CANVAS) > 2000, "the graph area is (nearly) empty"
+    a, b = (chromium.read_png(p)[2] for p in shots.values())
+    assert a != b
+
+
+def test_search_and_details_with_awkward_names(tmp_path):
+    """A node name containing '</script>' neither breaks the page nor runs as markup."""
+    path = tmp_path / "relu_add.html"
+    write(relu_add(), str(path), target="cuda")
+    dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition&node=relu%3C%2Fscript%3E%3Cb%3Eadd")
+    assert console == []
+    assert "<b>add" not in dom and "relu&lt;/script&gt;&lt;b&gt;add" in dom
