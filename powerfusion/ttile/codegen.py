@@ -21,6 +21,7 @@ KERNEL_WTYPES = {
     "int8": ("int8", "int4", "int2"),
 }
 KERNEL_WTYPES["bf16"] = KERNEL_WTYPES["fp16"]
+A_SMEM_MAX = 44 << 10   # static shared memory for staged activations (48 KiB minus LUT / reduction)
 _CT = {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float", "int32": "int"}
 
 
@@ -90,7 +91,7 @@ def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None,
     E = 32 // bits
     mt = max(1, min(M, 64 // E, 16))
     if R is None:
-        R = DEFAULT_R.get((A_dtype == "int8", bits), 2) if mt == 1 else (2 if mt <= 2 else 1)
+        R = DEFAULT_R.get((A_dtype == "int8", bits), 2) if mt == 1 else 4
     if ksplit is None:
         ksplit = warps if (mt == 1 and R >= 4) else 1
     if ksplit not in (1, warps):
@@ -117,6 +118,9 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         levels = tt.table if tt.kind == "table" else get_ttype(tt.element or tt.name).decode(np.arange(16))
         lut = tuple(repr(float(v)) + "f" for v in levels)
     scaled = (not a8) or spec.out_dtype != "int32"
+    abytes = 1 if a8 else 2
+    ca = 4 * E * abytes                                   # activation bytes per lane chunk
+    srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
     if kind == "dequant":   # M-independent: one kernel serves every large M
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
@@ -134,6 +138,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
+        abytes=abytes, ca=ca, srow=srow, a_smem=kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),
