@@ -32,7 +32,7 @@ TUNED = {("fp16", "int4"), ("bf16", "int4"), ("int8", "int2"), ("int8", "int4"),
 def variants(M, A, W):
     """(rows per warp, ksplit) candidates: the profiling step of hint-based scheduling."""
     if M == 1 and (A, W) in TUNED:
-        return [(None, None), (2, 1), (4, 1), (4, 4), (8, 4)]
+        return [(None, None), (2, 1), (4, 1), (8, 1), (4, 4), (8, 4)]
     return [(None, None)]
 
 
