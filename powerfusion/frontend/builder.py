@@ -51,9 +51,22 @@ class GraphBuilder:
 
     def emit(self, op: OpArgs, inputs, shape, dtype, origin: Origin, out: str | None = None) -> str:
         out = out or self.fresh(f"{origin.op_type.lower()}")
-        self.tensors[out] = TensorInfo(out, tuple(int(d) for d in shape), np.dtype(dtype))
+        info = TensorInfo(out, tuple(int(d) for d in shape), np.dtype(dtype))
+        if self._foldable(op, inputs, info):
+            from powerfusion.frontend.numpy_exec import EXECUTORS
+            value = EXECUTORS[type(op)](op, [self.constants[i] for i in inputs], info.dtype)
+            return self.constant(np.asarray(value).astype(info.dtype).reshape(info.shape), name=out)
+        self.tensors[out] = info
         self.nodes.append(BasicNode(f"n{len(self.nodes)}", op, tuple(inputs), (out,), origin))
         return out
+
+
+    def _foldable(self, op, inputs, out: TensorInfo) -> bool:
+        """Ops on constants only (a cast weight, a reshaped scale) become constants, unless that
+        would materialise a larger tensor than they read (a broadcast scalar stays a Broadcast)."""
+        if not inputs or isinstance(op, Broadcast) or not all(i in self.constants for i in inputs):
+            return False
+        return out.nbytes <= 2 * sum(self.tensors[i].nbytes for i in inputs) + 4096
 
 
 class NodeCtx:
