@@ -119,14 +119,14 @@ class MemorySlice:
         """[len(units), num*width] int64 element indices into the buffer."""
         u, i, j = _grid(units, self.num, self.width)
         return np.broadcast_to(evaluate(self.index, {"u": u, "i": i, "j": j}, buffers),
-                               (len(units), self.num, self.width)).reshape(len(units), -1).astype(np.int64)
+                               (len(units), self.num, self.width)).reshape(len(units), self.count).astype(np.int64)
 
     def mask(self, units: np.ndarray, buffers=None) -> np.ndarray:
         if self.valid is None:
             return np.ones((len(units), self.count), dtype=bool)
         u, i, j = _grid(units, self.num, self.width)
         return np.broadcast_to(evaluate(self.valid, {"u": u, "i": i, "j": j}, buffers),
-                               (len(units), self.num, self.width)).reshape(len(units), -1).astype(bool)
+                               (len(units), self.num, self.width)).reshape(len(units), self.count).astype(bool)
 
     def lanes_of(self, lanes: int) -> np.ndarray:
         """[num*width] lane of each element within its unit."""
