@@ -27,13 +27,11 @@ import numpy as np
 
 from powerfusion.errors import PowerFusionError
 from powerfusion.frontend.basic import BasicGraph, Reshape, Subgraph
-from powerfusion.gir.expr import U
+from powerfusion.gir.expr import U, loads
 from powerfusion.gir.ir import GIRGraph, GOp, Level, Parallel, Scope, Sync
-from powerfusion.gir.scope import needed_scope
 from powerfusion.templates import candidates as node_candidates
 from powerfusion.templates.common import Candidate, Ctx, and_, buffer_names, resolve_target, sanitize
 
-MATCH_CAP = 1 << 20  # elements evaluated per match test; beyond it only equal patterns match
 
 
 class LowerError(PowerFusionError):
@@ -59,6 +57,7 @@ class _Plan:
                 self.alias[n.outputs[0]] = n.inputs[0]
         self.nodes = [n for n in sub.nodes if n.outputs[0] not in self.alias]
         self._cands: dict[str, list[Candidate]] = {}
+        self.memo: dict[tuple, tuple[bool, bool]] = {}  # (producer, consumer, buffer) -> (lines up, same tiles)
 
     def candidates(self, node) -> list[Candidate]:
         if node.name not in self._cands:
@@ -103,21 +102,42 @@ def _accesses(g: GIRGraph, buffer: str, write: bool):
     return out
 
 
-def lines_up(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
-    """Every element of `buffer` the consumer reads is read by the unit and lane that wrote it."""
+def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int = 8) -> bool:
+    """Every element of `buffer` the consumer reads is read by the unit and lane that wrote it.
+    A heuristic for the choice, so it looks at a sample of units only: the first and last
+    reader units and a seeded random few; for each, the (address, lane) pairs it reads must be
+    among those it wrote itself (every element of an internal tensor is written by someone)."""
     gp, gc = producer.build(), consumer.build()
     if gp.parallel.lanes != gc.parallel.lanes or gp.parallel.units_per_group != gc.parallel.units_per_group:
         return False
     ws, rs = _accesses(gp, buffer, True), _accesses(gc, buffer, False)
     if not ws or not rs:
         return False
-    for w, wu in ws:
-        for r, ru in rs:
-            if w.pattern() == r.pattern() and np.array_equal(wu, ru):
-                continue
-            if needed_scope(w, wu, r, ru, gp.parallel, cap=MATCH_CAP) != Scope.LANE:
-                return False
-    return True
+    if all(w.pattern() == r.pattern() and np.array_equal(wu, ru) for w, wu in ws for r, ru in rs):
+        return True
+    readers = np.unique(np.concatenate([ru for _, ru in rs]))
+    if len(readers) > sample:
+        rng = np.random.default_rng(len(readers))
+        readers = np.unique(np.concatenate([readers[:2], readers[-2:], rng.choice(readers, sample - 4, replace=False)]))
+    lanes = gp.parallel.lanes
+    wk = [_keys(w, np.intersect1d(readers, wu), lanes) for w, wu in ws]
+    rk = [_keys(r, np.intersect1d(readers, ru), lanes) for r, ru in rs]
+    if any(k is None for k in wk + rk):
+        return False  # data-dependent addresses never line up
+    w, r = np.sort(np.concatenate(wk)), np.concatenate(rk)
+    if w.size == 0:
+        return r.size == 0
+    return bool(np.all(w[np.minimum(np.searchsorted(w, r), w.size - 1)] == r))
+
+
+def _keys(s, units, lanes):
+    """One int64 per valid element: (unit, address, lane)."""
+    if loads(s.index) or (s.valid is not None and loads(s.valid)):
+        return None
+    a, m = s.addresses(units), s.mask(units)
+    lane = np.broadcast_to(s.lanes_of(lanes)[None, :], a.shape)
+    u = np.broadcast_to(np.asarray(units, dtype=np.int64)[:, None], a.shape)
+    return ((u << 40) + a * (lanes + 1) + lane)[m]
 
 
 def same_tiles(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
@@ -130,13 +150,12 @@ def same_tiles(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
 def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
     fixed = fixed or {}
     edges = list(plan.internal_edges())
-    memo: dict[tuple, bool] = {}
 
     def match(p, c, b):
         key = (id(p), id(c), b)
-        if key not in memo:
-            memo[key] = lines_up(p, c, b)
-        return memo[key]
+        if key not in plan.memo:
+            plan.memo[key] = (lines_up(p, c, b), same_tiles(p, c, b))
+        return plan.memo[key]
 
     choice: dict[str, Candidate] = {}
 
@@ -151,8 +170,8 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
             if both and p is node and c.name in choice:
                 pairs.append((cand, choice[c.name]))
             for pc, cc in pairs:
-                s += match(pc, cc, b)
-                t += same_tiles(pc, cc, b)
+                m, st = match(pc, cc, b)
+                s, t = s + m, t + st
         return s, t
 
     def pick(node, both):

@@ -17,8 +17,8 @@ Data flow, by walking the schedule and evaluating every slice with numpy:
 * no gOperator writes one element from two units;
 * every element of every graph output is written.
 
-Huge graphs: when evaluating all units would touch more than `cap` elements per slice,
-only whole groups are checked -- the first, the last and a seeded random subset. Register
+Huge graphs: when evaluating all units (their largest slice, or their register and shared
+state) would exceed `cap` elements, only whole groups are checked -- the first, the last and a seeded random subset. Register
 and shared checks stay exact for those groups; for GLOBAL buffers an element written by an
 unchecked unit is unknown, so unwritten-read and output-coverage checks are skipped.
 """
@@ -31,7 +31,7 @@ from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, Me
                                 Sync)
 from powerfusion.scalar import SCALAR_FNS
 
-CAP = 1 << 22
+CAP = 1 << 24  # elements of evaluation and per-element state the walk may hold
 _REDUCE_FNS = ("sum", "max", "min", "prod")
 
 

@@ -15,10 +15,11 @@ class _State:
     """Last writer of every element of one buffer (rows: units or groups for local levels)."""
 
     def __init__(self, rows: int, size: int, preset: bool):
-        self.op = np.full((rows, size), _PRESET if preset else _UNWRITTEN, dtype=np.int32)
-        self.unit = np.zeros((rows, size), dtype=np.int64)
-        self.lane = np.zeros((rows, size), dtype=np.int32)
-        self.repl = np.zeros((rows, size), dtype=bool)
+        self.size = size  # flat arrays: element (row, addr) at row*size + addr
+        self.op = np.full(rows * size, _PRESET if preset else _UNWRITTEN, dtype=np.int32)
+        self.unit = np.zeros(rows * size, dtype=np.int32)
+        self.lane = np.zeros(rows * size, dtype=np.int16)
+        self.repl = np.zeros(rows * size, dtype=bool)
 
 
 class _Flow:
@@ -26,17 +27,25 @@ class _Flow:
         self.g = g
         P = g.parallel
         self.P = P
+        # work per unit: the largest slice it evaluates, or its share of register/shared state
         biggest = max((s.count for op in g.ops for s in op.inputs + op.outputs), default=1)
+        local = sum(b.size for b in g.buffers if b.level == Level.REGISTER) + \
+            sum(b.size for b in g.buffers if b.level == Level.SHARED) // P.units_per_group
+        per_unit = max(biggest, local, 1)
         groups = np.arange(P.groups)
-        self.sampled = P.units * biggest > cap
+        self.sampled = P.units * per_unit > cap
         if self.sampled:
-            keep = max(2, cap // max(biggest * P.units_per_group, 1))
+            keep = max(2, cap // (per_unit * P.units_per_group))
             rng = np.random.default_rng(seed)
             pick = rng.choice(P.groups, size=min(P.groups, keep), replace=False)
             groups = np.unique(np.concatenate([[0, P.groups - 1], pick]))
         units = (groups[:, None] * P.units_per_group + np.arange(P.units_per_group)[None, :]).reshape(-1)
         self.units = units[units < P.units]
         self.groups = groups
+        self.unit_row = np.full(P.units, -1, dtype=np.int64)   # unit -> its row in register states
+        self.unit_row[self.units] = np.arange(len(self.units))
+        self.group_row = np.full(P.groups, -1, dtype=np.int64)  # group -> its row in shared states
+        self.group_row[groups] = np.arange(len(groups))
         self.bufs = {b.name: b for b in g.buffers}
         preset = set(g.inputs) | {n for n, _ in g.constants}
         self.state: dict[str, _State] = {}
@@ -69,10 +78,10 @@ class _Flow:
         if not self.sampled:
             for name in self.g.outputs:
                 st = self.state[name]
-                missing = np.flatnonzero(st.op[0] == _UNWRITTEN)
+                missing = np.flatnonzero(st.op == _UNWRITTEN)
                 if missing.size:
                     raise GIRVerifyError(f"GIR graph '{self.g.name}': output '{name}' element {missing[0]} "
-                                         f"({missing.size} of {st.op.shape[1]}) is never written")
+                                         f"({missing.size} of {st.size}) is never written")
 
     def _active(self, op: GOp) -> np.ndarray:
         if op.guard is None:
@@ -83,7 +92,8 @@ class _Flow:
         return self.units[v]
 
     def _positions(self, k, op, s: MemorySlice, units):
-        """(row, address, mask, unit, lane) arrays [len(units), count] with bounds checked."""
+        """Flat (state position, address, unit, lane) of the valid elements, bounds checked;
+        None for data-dependent addresses (after an interval bounds check)."""
         size = self.bufs[s.buffer].size
         if _loaded(s):
             u, i, j = _grid(units, s.num, s.width)
@@ -106,13 +116,11 @@ class _Flow:
                              f"({size} elements) for unit {uu}")
         uu = np.broadcast_to(units[:, None], addr.shape)
         lane = np.broadcast_to(s.lanes_of(self.P.lanes)[None, :], addr.shape)
+        addr, uu, lane = addr[mask], uu[mask], lane[mask]
         if s.level == Level.GLOBAL:
-            row = np.zeros_like(uu)
-        elif s.level == Level.SHARED:
-            row = np.searchsorted(self.groups, uu // self.P.units_per_group)
-        else:
-            row = np.searchsorted(self.units, uu)
-        return row[mask], addr[mask], uu[mask], lane[mask]
+            return addr, addr, uu, lane
+        row = self.group_row[uu // self.P.units_per_group] if s.level == Level.SHARED else self.unit_row[uu]
+        return row * size + addr, addr, uu, lane
 
     def _read(self, k, op, s: MemorySlice, units):
         pos = self._positions(k, op, s, units)
@@ -120,8 +128,8 @@ class _Flow:
         if pos is None:  # data-dependent addresses: the whole buffer must be ready for anyone
             self._read_loaded(k, op, s.buffer)
             return
-        row, addr, ru, rl = pos
-        wop = st.op[row, addr]
+        flat, addr, ru, rl = pos
+        wop = st.op[flat]
         unwritten = wop == _UNWRITTEN
         if np.any(unwritten) and not (self.sampled and s.level == Level.GLOBAL):
             e = np.flatnonzero(unwritten)[0]
@@ -129,11 +137,16 @@ class _Flow:
         w = wop >= 0
         if not np.any(w):
             return
-        row, addr, ru, rl, wop = row[w], addr[w], ru[w], rl[w], wop[w]
-        wu, wl, repl = st.unit[row, addr], st.lane[row, addr], st.repl[row, addr]
+        flat, addr, ru, rl, wop = flat[w], addr[w], ru[w], rl[w], wop[w]
+        wu, wl, repl = st.unit[flat], st.lane[flat], st.repl[flat]
         G = self.P.units_per_group
-        need = np.where(wu // G != ru // G, Scope.DEVICE,
-                        np.where(wu != ru, Scope.BLOCK, np.where(wl != rl, Scope.WARP, Scope.LANE)))
+        if s.level == Level.REGISTER:  # per-unit arrays: only lanes can differ
+            need = np.where(wl != rl, Scope.WARP, Scope.LANE)
+        else:
+            need = np.where(wu // G != ru // G, Scope.DEVICE,
+                            np.where(wu != ru, Scope.BLOCK, np.where(wl != rl, Scope.WARP, Scope.LANE)))
+        if not np.any(need):
+            return
         if s.level == Level.REGISTER and isinstance(op.args, (Reduce, Broadcast)):
             need = np.where(need == Scope.WARP, Scope.LANE, need)  # the op exchanges lanes itself
         need = np.where((need == Scope.WARP) & repl, Scope.LANE, need)
@@ -158,19 +171,19 @@ class _Flow:
         pos = self._positions(k, op, s, units)
         if pos is None:
             self.fail(k, op, f"write to '{s.buffer}' at data-dependent positions (scatter) is not supported")
-        row, addr, wu, wl = pos
-        key = row.astype(np.int64) * (self.bufs[s.buffer].size + 1) + addr
-        order = np.lexsort((wu, key))
-        ks, us = key[order], wu[order]
-        clash = (ks[1:] == ks[:-1]) & (us[1:] != us[:-1])
-        if np.any(clash):
-            e = order[1:][clash][0]
-            self.fail(k, op, f"element {addr[e]} of '{s.buffer}' is written by several units in one gOperator")
+        flat, addr, wu, wl = pos
+        if s.level != Level.REGISTER and len(units) > 1:  # register arrays are private to a unit
+            order = np.lexsort((wu, flat))
+            ks, us = flat[order], wu[order]
+            clash = (ks[1:] == ks[:-1]) & (us[1:] != us[:-1])
+            if np.any(clash):
+                e = order[1:][clash][0]
+                self.fail(k, op, f"element {addr[e]} of '{s.buffer}' is written by several units in one gOperator")
         st = self.state[s.buffer]
-        st.op[row, addr] = k
-        st.unit[row, addr] = wu
-        st.lane[row, addr] = wl
-        st.repl[row, addr] = isinstance(op.args, Reduce) and op.args.over == "width"
+        st.op[flat] = k
+        st.unit[flat] = wu
+        st.lane[flat] = wl
+        st.repl[flat] = isinstance(op.args, Reduce) and op.args.over == "width"
         self.last_write[s.buffer] = k
 
 
