@@ -45,6 +45,20 @@ def render(data) -> str:
         ok = "met" if g >= floor and min(v) >= 1.0 else "NOT met"
         lines.append(f"| {a} x {w}{'/' + z if z else ''} | {g:.2f}x | {min(v):.2f}x | >= {floor}x geomean, "
                      f">= 1x each: {ok} |")
+    tiles = defaultdict(lambda: defaultdict(list))
+    for r in data["rows"]:
+        if r["M"] == 1 and r.get("kernel") == "typed" and "time_us" in r:
+            tiles[(r["A"], r["W"], r.get("zeros"))][(r["R"], r["ksplit"])].append(r["speedup"])
+    tuned = {k: v for k, v in tiles.items() if len(v) > 1}
+    if tuned:
+        lines += ["", "## M = 1, geomean per fixed tiling (rows per warp R, warps splitting K)", "",
+                  "| A x W | " + " | ".join(f"R={a} ks={b}" for a, b in sorted(next(iter(tuned.values())))) + " |",
+                  "|---|" + "---|" * len(next(iter(tuned.values())))]
+        for (a, w, z), v in tuned.items():
+            cells = [f"{math.prod(x) ** (1 / len(x)):.2f}x" for _, x in sorted(v.items())]
+            lines.append(f"| {a} x {w} | " + " | ".join(cells) + " |")
+        lines += ["", "The geomean table above takes the fastest candidate per shape (the profiling step of "
+                  "hint-based scheduling); `codegen.DEFAULT_R` holds the best fixed choice."]
     errs = [r for r in data["rows"] if "error" in r]
     if errs:
         lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['A']} x {r['W']}: {r['error']}" for r in errs]

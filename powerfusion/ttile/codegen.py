@@ -92,15 +92,16 @@ def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None,
     mt = max(1, min(M, 64 // E, 16))
     if R is None:
         R = DEFAULT_R.get((A_dtype == "int8", bits), 2) if mt == 1 else 4
-    if ksplit is None:
-        ksplit = warps if (mt == 1 and R >= 4) else 1
+    if ksplit is None:   # measured on H200: split-K across warps lost to more rows per block
+        ksplit = 1
     if ksplit not in (1, warps):
         raise ValueError(f"ksplit must be 1 or warps={warps}, got {ksplit}")
     return R, mt, ksplit
 
 
-# rows per warp at M = 1, keyed by (int8 activations, weight bits)
-DEFAULT_R = {(False, 8): 2, (False, 4): 2, (False, 2): 4, (False, 1): 4,
+# rows per warp at M = 1, keyed by (int8 activations, weight bits): the best fixed choice
+# over the four LLaMA-70B shapes on H200 (benchmarks/results/ttile_bench.md)
+DEFAULT_R = {(False, 8): 2, (False, 4): 4, (False, 2): 4, (False, 1): 4,
              (True, 8): 2, (True, 4): 4, (True, 2): 4}
 
 
