@@ -69,3 +69,25 @@ def test_conv_random(data):
     w = rng.standard_normal([2 * group, 2] + kernel).astype(np.float32)
     check(make_model("Conv", {"x": x}, {"w": w, "b": rng.standard_normal(2 * group).astype(np.float32)}, attrs),
           {"x": x}, rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def broadcast_pair(draw):
+    out = draw(st.lists(st.integers(1, 4), min_size=0, max_size=4))
+    def operand():
+        rank = draw(st.integers(0, len(out)))
+        tail = out[len(out) - rank:]
+        return [d if draw(st.booleans()) else 1 for d in tail]
+    return operand(), operand()
+
+
+@SETTINGS
+@given(broadcast_pair(), st.sampled_from(["Add", "Sub", "Mul", "Max", "Min", "Greater", "Where"]))
+def test_broadcasting_random(shapes, op):
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    if op == "Where":
+        feeds = {"c": np.asarray(rng.random(shapes[1]) > 0.5), "a": a, "b": b}
+    else:
+        feeds = {"a": a, "b": b}
+    check(make_model(op, feeds), feeds)
