@@ -82,3 +82,11 @@ def test_show_for_notebooks():
     page = v._repr_html_()
     assert page.startswith("<iframe srcdoc=") and "&lt;script" in page and "</script>" not in page
     assert v.data["subgraphs"][0]["kernels"]["after"] == 1
+
+
+def test_packed_page_data_unpacks_to_the_json(data):
+    from powerfusion.viz.html import pack, unpack
+    packed = json.loads(json.dumps(pack(data)))
+    assert unpack(packed) == json.loads(json.dumps(data))
+    sizes = [len(json.dumps(x)) for x in (data, packed)]
+    assert sizes[1] < sizes[0]

@@ -2,7 +2,7 @@
 // dagre (shipped alongside), draws SVG. State lives in the URL hash: #view=sg0&step=3&node=5.
 (function () {
   "use strict";
-  const DATA = JSON.parse(document.getElementById("pf-data").textContent);
+  const DATA = unpack(JSON.parse(document.getElementById("pf-data").textContent));
   const SVGNS = "http://www.w3.org/2000/svg";
   const KIND_COLOUR = {elementwise: "#8fd19e", reduce: "#f4a261", broadcast: "#e9c46a", move: "#9cc3ee",
                        library: "#f28482", subgraph: "#cfe3ff", io: "#e6e6e6", cluster: "#dfe7f3"};
@@ -13,6 +13,23 @@
   const layoutCache = new Map();
   let view = {scale: 1, x: 0, y: 0};
   let currentClusters = [];
+
+  // html.py `pack` stores each subgraph's gOperators, buffers and edge strings once
+  function unpack(data) {
+    if (!data.packed) return data;
+    for (const sg of data.subgraphs) {
+      const T = sg.tables;
+      for (const st of sg.stages) {
+        const g = st.gir;
+        g.ops = g.ops.map(([ref, kernel, cluster], index) => Object.assign({}, T.ops[ref], {index, kernel, cluster}));
+        g.edges = g.edges.map(([source, target, b, l]) => ({source, target, buffer: T.strings[b], label: T.strings[l]}));
+        g.buffers = g.buffers.map((ref) => T.buffers[ref]);
+      }
+      delete sg.tables;
+    }
+    delete data.packed;
+    return data;
+  }
 
   function el(tag, attrs, parent) {
     const e = document.createElementNS(SVGNS, tag);
@@ -113,7 +130,7 @@
   function collapse(g, key) {
     const clusters = new Map();
     for (const n of g.nodes) if (n.cluster) clusters.set(n.cluster, (clusters.get(n.cluster) || 0) + 1);
-    if (!(key in state.collapsed)) state.collapsed[key] = g.nodes.length > BIG ? new Set(clusters.keys()) : new Set();
+    if (!(key in state.collapsed)) state.collapsed[key] = g.nodes.length > BIG && clusters.size > 1 ? new Set(clusters.keys()) : new Set();
     const closed = state.collapsed[key];
     currentClusters = [...clusters.keys()];
     const owner = new Map();
@@ -225,11 +242,13 @@
     const root = $("root");
     if (root) root.setAttribute("transform", "translate(" + view.x + "," + view.y + ") scale(" + view.scale + ")");
   }
-  function fit(d) {
+  // whole: the entire graph in the window; otherwise fit the width (readable) and start at the top
+  function fit(d, whole) {
     const G = d.graph(), svg = $("graph");
     const w = svg.clientWidth || 800, h = svg.clientHeight || 600;
-    const s = Math.min(w / (G.width || 1), h / (G.height || 1), 1.5);
-    view = {scale: s, x: (w - G.width * s) / 2, y: Math.max(0, (h - G.height * s) / 2)};
+    const byWidth = Math.min(w / (G.width || 1), 1.2);
+    const s = whole ? Math.min(byWidth, h / (G.height || 1)) : byWidth;
+    view = {scale: s, x: (w - G.width * s) / 2, y: G.height * s < h ? (h - G.height * s) / 2 : 0};
     applyTransform();
   }
   function centreOn(d, id) {
@@ -417,7 +436,7 @@
     $("title").textContent = DATA.model + " \u2014 " + (DATA.target || "GIR");
     $("search").oninput = (e) => { state.search = e.target.value; render(); };
     $("labels").onchange = (e) => { state.labels = e.target.checked; render(); };
-    $("fit").onclick = () => { const k = currentKey(); for (const [ck, d] of layoutCache) if (ck.startsWith(k + "|")) fit(d); };
+    $("fit").onclick = () => { const k = currentKey(); for (const [ck, d] of layoutCache) if (ck.startsWith(k + "|")) fit(d, true); };
     $("expand").onclick = () => { state.collapsed[currentKey()] = new Set(); render(); };
     $("collapse").onclick = () => { state.collapsed[currentKey()] = new Set(currentClusters); render(); };
     const svg = $("graph");
