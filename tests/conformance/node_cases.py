@@ -9,7 +9,7 @@ Outcomes:
 
 A static-shape compiler needs shape-like operands (Reshape's shape, Slice's starts, Resize's
 scales, ...) at compile time. When the case as given is declined, it is tried once more with
-its small or integer inputs other than the first bound as initializers (as TVM's
+its integer inputs and its small inputs other than the first bound as initializers (as TVM's
 freeze_params does); the outcome records whether that happened.
 """
 from __future__ import annotations
@@ -91,14 +91,14 @@ def run_case(case) -> Outcome:
 
 
 def bind_inputs(model: onnx.ModelProto, inputs: list):
-    """Move small or integer inputs (not the first) into initializers with the case's values."""
+    """Move integer inputs, and small inputs other than the first, into initializers with the case's values."""
     initialized = {t.name for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in initialized]
     bound, feeds = [], []
     new = onnx.ModelProto()
     new.CopyFrom(model)
     for k, (info, value) in enumerate(zip(graph_inputs, inputs)):
-        if k > 0 and isinstance(value, np.ndarray) and (value.dtype.kind in "iu" or value.size <= BIND_MAX_ELEMENTS):
+        if isinstance(value, np.ndarray) and (value.dtype.kind in "iu" or k > 0 and value.size <= BIND_MAX_ELEMENTS):
             new.graph.initializer.append(numpy_helper.from_array(value, info.name))
             bound.append(info.name)
         else:
