@@ -20,6 +20,9 @@ def _wide(x: np.ndarray) -> np.ndarray:
 
 def run_basic_graph(graph: B.BasicGraph, feeds: dict) -> dict[str, np.ndarray]:
     env: dict[str, np.ndarray] = dict(graph.constants)
+    unknown = sorted(set(feeds) - {t.name for t in graph.inputs})
+    if unknown:
+        raise FeedError(f"feeds {unknown} are not inputs of '{graph.name}' (inputs: {[t.name for t in graph.inputs]})")
     for t in graph.inputs:
         if t.name not in feeds:
             raise FeedError(f"missing feed for input '{t.name}' (shape {t.shape}, {np.dtype(t.dtype).name})")

@@ -1,9 +1,8 @@
-import networkx as nx
 import numpy as np
 import pytest
 from onnx import helper
 
-from fe_helpers import make_model
+from fe_helpers import check_partition, make_model
 from powerfusion.frontend import import_model, partition
 from powerfusion.frontend.basic import LibraryCall, Subgraph
 from powerfusion.frontend.partition import node_bytes, node_flops
@@ -14,34 +13,6 @@ R = np.random.default_rng(3)
 
 def f(*s):
     return R.standard_normal(s).astype(np.float32)
-
-
-def check_partition(p):
-    """Every node in exactly one step; steps executable in order; subgraph inputs/outputs exact."""
-    g = p.graph
-    seen = [n.name for s in p.steps for n in (s.nodes if isinstance(s, Subgraph) else (s.node,))]
-    assert sorted(seen) == sorted(n.name for n in g.nodes)
-    available = {t.name for t in g.inputs} | set(g.constants)
-    consumers = g.consumers()
-    graph_outputs = {t.name for t in g.outputs}
-    for s in p.steps:
-        nodes = s.nodes if isinstance(s, Subgraph) else (s.node,)
-        produced = {t for n in nodes for t in n.outputs}
-        reads = {t for n in nodes for t in n.inputs} - produced
-        assert reads <= available, f"{getattr(s, 'name', s.node.name)} reads {reads - available} before it exists"
-        if isinstance(s, Subgraph):
-            assert set(s.inputs) == reads
-            names = {n.name for n in nodes}
-            used_outside = {t for t in produced
-                            if t in graph_outputs or any(c.name not in names for c in consumers.get(t, []))}
-            assert set(s.outputs) == used_outside
-            sub = nx.Graph()
-            sub.add_nodes_from(names)
-            sub.add_edges_from((p_.name, c.name) for p_ in nodes for t in p_.outputs
-                               for c in consumers.get(t, []) if c.name in names)
-            assert nx.is_connected(sub), f"{s.name} is not connected"
-        available |= produced
-    assert [s.name for s in p.subgraphs] == [f"sg{i}" for i in range(len(p.subgraphs))]
 
 
 def test_gemv_is_memory_bound():

@@ -7,8 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from fe_helpers import make_model
-from test_partition import check_partition
+from fe_helpers import check_partition, make_model
 from powerfusion.frontend import import_model, partition
 from powerfusion.frontend.basic import Subgraph
 
