@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from powerfusion.gir.expr import U
 from powerfusion.gir.ir import GIRGraph, Parallel
 
 
@@ -192,15 +193,18 @@ def combined(templates: tuple[TemplateChoice, ...], name: str) -> tuple[GIRGraph
     if not chosen:
         return None
     graphs = [t.graph for t in chosen]
+    p = max((g.parallel for g in graphs), key=lambda p: p.units)
     ops, buffers, groups, uid = [], {}, [], 0
     for t in chosen:
         for b in t.graph.buffers:
             buffers.setdefault(b.name, b)
+        units = t.graph.parallel.units
         for op in t.graph.ops:
             uid += 1
+            if units < p.units:   # as merging does: a template with fewer units runs on the first ones
+                op = replace(op, guard=U.lt(units) if op.guard is None else U.lt(units) & op.guard)
             ops.append(replace(op, uid=uid))
             groups.append(f"{t.node}: {t.template}")
-    p = max((g.parallel for g in graphs), key=lambda p: p.units)
     ins = tuple(dict.fromkeys(b for g in graphs for b in g.inputs))
     outs = tuple(dict.fromkeys(b for g in graphs for b in g.outputs))
     g = GIRGraph(name, Parallel(p.units, p.units_per_group, p.lanes), tuple(buffers.values()), tuple(ops), ins, outs)

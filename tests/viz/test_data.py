@@ -187,3 +187,14 @@ def test_lowering_failure_is_shown_not_raised(monkeypatch):
     assert all("Relu" in s["error"] or "Sigmoid" in s["error"] for s in data["subgraphs"])
     assert all(s["stages"] == [] for s in data["subgraphs"])
     assert {n["op_type"] for n in data["partition"]["nodes"]} == {"Relu", "MatMul", "Sigmoid"}
+
+
+def test_templates_stage_traffic_is_the_templates_own():
+    from powerfusion.viz import run_data, to_run
+    run = to_run(channel_shuffle(), target="cuda")
+    (r,) = run.runs
+    total = Counter()
+    for t in r.templates:
+        total.update(traffic(t.graph))
+    first = run_data(run)["subgraphs"][0]["stages"][0]
+    assert first["kind"] == "templates" and first["gir"]["traffic"] == dict(total)
