@@ -1,4 +1,5 @@
-"""Every generated kernel compiles with nvcc for sm_80 and sm_90 (skipped without nvcc)."""
+"""Generated kernels compile with nvcc for sm_80 and sm_90 (skipped without nvcc).
+The full set (every combination: fused kernel and dequantise kernel) is marked slow."""
 from __future__ import annotations
 
 import shutil
@@ -11,18 +12,15 @@ from powerfusion.ttile.codegen import combinations
 from powerfusion.ttile.matmul import Matmul
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+REPRESENTATIVE = [("fp16", "int4", None, "fp16", 1), ("bf16", "uint2", "original", "bf16", 3),
+                  ("fp16", "nf4", None, "fp32", 1), ("bf16", "fp8_e4m3", None, "bf16", 1),
+                  ("fp16", "mxfp4", None, "fp16", 16), ("int8", "int2", None, "fp16", 1),
+                  ("int8", "int4", None, "int32", 4), ("fp16", "uint8", "quantized", "fp16", 512)]
 
 
-def _kernels():
-    """Fused kernel at M = 1 (split-K tiling) and M = 4, plus the dequantise kernel (M = 64)."""
-    for a, w, zm, out in combinations():
-        g = None if w.startswith("mx") else 64
-        for M in (1, 4, 64):
-            mm = Matmul(M, 200, 1000, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True,
-                        rows_per_warp=4 if M == 1 else None)
-            if M == 64 and a == "int8" and out == "fp16":
-                continue   # same fused kernel family as M = 4
-            yield mm
+def _matmul(a, w, zm, out, M, **kw):
+    return Matmul(M, 200, 1000, a, w, out_dtype=out, group_size=None if w.startswith("mx") else 64,
+                  zeros_mode=zm, with_bias=True, **kw)
 
 
 def _nvcc(tmp_path, mm):
@@ -35,10 +33,24 @@ def _nvcc(tmp_path, mm):
     return mm.name, r.returncode, r.stderr[-2000:]
 
 
-def test_all_kernels_compile_for_sm80_and_sm90(tmp_path):
-    kernels = list(_kernels())
+def _compile_all(tmp_path, kernels):
     assert len({mm.name for mm in kernels}) == len(kernels)
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda mm: _nvcc(tmp_path, mm), kernels))
     failed = [(n, err) for n, rc, err in results if rc]
     assert not failed, failed[:3]
+
+
+def test_representative_kernels_compile(tmp_path):
+    _compile_all(tmp_path, [_matmul(*c) for c in REPRESENTATIVE] +
+                 [_matmul("fp16", "int2", None, "fp16", 1, rows_per_warp=8, ksplit=4)])
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles(tmp_path):
+    kernels = []
+    for a, w, zm, out in combinations():
+        kernels.append(_matmul(a, w, zm, out, 1))
+        if a != "int8":
+            kernels.append(_matmul(a, w, zm, out, 1024))   # the dequantise kernel
+    _compile_all(tmp_path, kernels)

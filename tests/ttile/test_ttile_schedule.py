@@ -1,0 +1,74 @@
+"""tTile transforms (numpy semantics), tTile-device hints and the hint-based scheduler."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerfusion.ttile.device import DEVICES, device_hint, schedule_typed_gemm, select_unit, word_layout
+from powerfusion.ttile.ttile import TTile, convert_tile, from_values, map_tile, pad_tile, slice_tile
+
+
+def _tile(dtype="fp16", shape=(4, 6)):
+    return from_values(dtype, np.arange(np.prod(shape), dtype=np.float32).reshape(shape) - 5)
+
+
+def test_slice_is_numpy_slicing():
+    t = _tile()
+    s = slice_tile(t, (1, 2), (2, 3))
+    np.testing.assert_array_equal(s.values(), t.values()[1:3, 2:5])
+    r = slice_tile(t, (1, 2), (2, 3), out_shape=(6,))
+    np.testing.assert_array_equal(r.values(), t.values()[1:3, 2:5].reshape(6))
+    with pytest.raises(ValueError):
+        slice_tile(t, (3, 0), (2, 2))
+
+
+def test_map_transpose_and_bijection_check():
+    t = _tile()
+    m = map_tile(t, lambda i, j: (j, i), out_shape=(6, 4))
+    np.testing.assert_array_equal(m.values(), t.values().T)
+    with pytest.raises(ValueError, match="bijection"):
+        map_tile(t, lambda i, j: (i * 0, j))
+
+
+def test_pad_like_numpy_and_low_bit_codes():
+    t = _tile()
+    p = pad_tile(t, (0, 1, 2, 0), pad_value=0.0)
+    np.testing.assert_array_equal(p.values(), np.pad(t.values(), ((0, 1), (2, 0))))
+    q = from_values("int4", np.array([[1, -2, 3]]))
+    np.testing.assert_array_equal(pad_tile(q, (0, 0, 0, 2)).values(), [[1, -2, 3, 0, 0]])
+
+
+def test_convert_only_loss_free():
+    q = from_values("nf4", np.linspace(-1, 1, 16)[None])
+    f = convert_tile(q, "fp16")
+    assert f.dtype == "fp16"
+    np.testing.assert_array_equal(f.values(), q.values())
+    with pytest.raises(ValueError, match="loss-free"):
+        convert_tile(_tile("fp16"), "int8")
+    mx = from_values("mxfp4", np.random.default_rng(0).standard_normal((2, 64)))
+    np.testing.assert_array_equal(convert_tile(mx, "fp32").values(), mx.values())
+    assert slice_tile(mx, (0, 32), (2, 32)).shared.shape == (2, 1)
+
+
+def test_device_hint_aligns_every_level():
+    hint = device_hint(DEVICES["sm_80"])
+    assert hint.granularity_bits == 128                 # ldmatrix's 16 bytes
+    assert hint.inner_bytes % 32 == 0 and hint.inner_bytes % 128 == 0   # global txn, 32 banks x 4 B
+    assert hint.shape[0] % 16 == 0
+
+
+def test_layout_is_the_map_the_unit_needs():
+    dev = DEVICES["sm_90"]
+    assert word_layout("int4", select_unit(dev, "fp16", "int4", False)) == "pair"
+    assert word_layout("int2", select_unit(dev, "int8", "int2", False)) == "dp4a"
+    assert word_layout("nf4", select_unit(dev, "fp16", "nf4", False)) == "natural"
+    assert select_unit(dev, "fp16", "int4", True).name.startswith("mma")
+
+
+def test_schedule_places_convert_by_cost():
+    small = schedule_typed_gemm(1, 8192, 8192, "fp16", "int4", 128)
+    big = schedule_typed_gemm(1024, 8192, 8192, "fp16", "int4", 128)
+    assert small.convert_at == "register" and big.convert_at == "global"
+    odd = schedule_typed_gemm(1, 64, 1000, "fp16", "int4", 128)
+    assert odd.k_pad == 1024 and any(t.kind == "pad" for t in odd.transforms)
+    assert [t.kind for t in small.transforms][-1] == "convert"
