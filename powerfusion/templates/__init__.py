@@ -41,7 +41,21 @@ def candidates(node: B.BasicNode, tensors: dict, target="cuda", names: dict | No
     fn = TEMPLATES.get(type(node.op))
     if fn is None:
         raise ctx.error(f"no GIR template for basic op kind {type(node.op).__name__}")
-    return fn(ctx)
+    return _distinct(fn(ctx))
+
+
+def _distinct(cands: list[Candidate]) -> list[Candidate]:
+    """Drop candidates that build the same graph as an earlier one (e.g. rows split at a size-1
+    dim), so labels are unique and the search does not evaluate a plan twice."""
+    out, seen = [], set()
+    for c in cands:
+        g = c.build()
+        key = (g.parallel, g.ops)
+        if key in seen or c.label in {o.label for o in out}:
+            continue
+        seen.add(key)
+        out.append(c)
+    return out
 
 
 __all__ = ["Candidate", "candidates", "TEMPLATES", "buffer_names", "sanitize"]
