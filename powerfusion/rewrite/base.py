@@ -184,3 +184,12 @@ def active_units(g: GIRGraph, op: GOp) -> np.ndarray | None:
         return op.active_units(g.parallel.units, consts(g))
     except KeyError:
         return None
+
+
+def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str] = frozenset()) -> bool:
+    """Is there a kernel boundary in (lo, hi) that stays (guards more than `ignore`)?"""
+    for k in device_syncs_between(g, lo, hi):
+        names = {s.buffer for s in g.ops[k].inputs + g.ops[k].outputs}
+        if not names or names - ignore:
+            return True
+    return False

@@ -7,17 +7,19 @@
 
 Termination. Every rule application strictly decreases `measure(graph)`, a tuple of
 non-negative integers compared lexicographically:
-  1. sum over the slices of non-sync gOperators of 4**level, plus 4**scope per sync:
-     promotion lowers >= 2 slices by >= 1 level (16 -> 4 or 1, 4 -> 1) and adds at most
-     one narrower sync (it refuses the one case that would not pay: same level, old sync
-     kept); merges delete gOperators or re-source a read from a faster level;
-     swaps keep it equal (the same slices at the same levels);
-  2. the number of gOperators;
-  3. the number of slices named by syncs (dropping unread ones);
-  4. sum over elementwise gOperators of the gOperators after them (swaps only move
-     elementwise forward);
-  5. sum over moves of the length of the move chain feeding them (composition keeping
-     the first move, at equal level, shortens it).
+  1. modelled global bytes, 2. modelled total bytes (no rule raises either: each rule
+     refuses a rewrite that would, and the driver checks it);
+  3. sum over the slices of non-sync gOperators of 4**level (a read re-sourced from a
+     faster level, a promotion between levels of equal traffic);
+  4. sum over syncs of 4**scope (a narrower sync replacing a wider one);
+  5. the number of gOperators; 6. the number of slices named by syncs;
+  7. sum over elementwise gOperators of the gOperators after them (swaps only move
+     elementwise forward; they keep 1-6 equal);
+  8. sum over moves of the length of the move chain feeding them (a composition that keeps
+     its first move, through an intermediate at the same level, shortens it).
+Promotion lowers global bytes (or, from shared memory, 3. or 4.); merges delete
+gOperators or bytes; the split composition of a concat/split (W writers, R readers,
+W*R <= W+R moves) deletes the intermediate's bytes.
 The driver checks that decrease at every step (and that modelled traffic does not rise),
 and an iteration cap backs it: exceeding it is a bug and raises.
 """
@@ -51,18 +53,18 @@ class TraceStep:
     changed: tuple[int, ...]   # uids (in `before`) of the gOperators replaced or removed
 
 
-def measure(g: GIRGraph) -> tuple[int, int, int, int, int]:
-    weight = 0
-    sync_slices = 0
+def measure(g: GIRGraph) -> tuple[int, ...]:
+    t = traffic(g)
+    weight = sync_weight = sync_slices = 0
     for op in g.ops:
         if isinstance(op.args, Sync):
-            weight += 4 ** int(op.args.scope)
+            sync_weight += 4 ** int(op.args.scope)
             sync_slices += len(op.inputs) + len(op.outputs)
         else:
             weight += sum(4 ** int(s.level) for s in op.inputs + op.outputs)
     n = len(g.ops)
     ew_pos = sum(n - 1 - k for k, op in enumerate(g.ops) if isinstance(op.args, Elementwise))
-    return weight, n, sync_slices, ew_pos, _chain_depth(g)
+    return t["global"], total_bytes(t), weight, sync_weight, n, sync_slices, ew_pos, _chain_depth(g)
 
 
 def _chain_depth(g: GIRGraph) -> int:

@@ -11,21 +11,10 @@ from dataclasses import replace
 from powerfusion.gir.expr import binop
 from powerfusion.gir.ir import GIRGraph, Level, MemorySlice, Scope
 from powerfusion.gir.traffic import not_worse, traffic
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_syncs_between, index, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_barrier_between, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, same_guard, written_between, writers)
-from powerfusion.rewrite.patterns import writer_coords
-
-_NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}
-
-
-def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str] = frozenset()) -> bool:
-    """Is there a kernel boundary in (lo, hi) that stays (guards more than `ignore`)?"""
-    for k in device_syncs_between(g, lo, hi):
-        names = {s.buffer for s in g.ops[k].inputs + g.ops[k].outputs}
-        if not names or names - ignore:
-            return True
-    return False
-
+from powerfusion.rewrite.merge_split import compose_split
+from powerfusion.rewrite.patterns import composition_need, writer_coords
 
 def _sole_writer_move(g: GIRGraph, name: str, before: int) -> int | None:
     ws = writers(g, name)
@@ -73,7 +62,7 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     u1, u2 = active_units(g, op1), active_units(g, op2)
     if u1 is None or u2 is None:
         return None
-    c = writer_coords(p1, u1, p2, u2, g.parallel, _NEED[pa.level], consts(g))
+    c = writer_coords(p1, u1, p2, u2, g.parallel, composition_need(pa.level, p1.level), consts(g))
     if c is None:
         return None
     va = c.at(pa.valid) if pa.valid is not None else None
@@ -198,6 +187,7 @@ def drop_dead_op(g: GIRGraph, at: int) -> Rewrite | None:
 MERGE_RULES = {
     "move ; move => nothing": cancel_moves,
     "move ; move => move": compose_moves,
+    "(move ‖ move) ; (move ‖ move) => move ‖ move": compose_split,
     "move(a -> a') => nothing": drop_identity_move,
     "move(a) ‖ move(a) => move(a)": merge_parallel_moves,
     "op(unread) => nothing": drop_dead_op,

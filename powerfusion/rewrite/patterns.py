@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import Const, Expr, I, J, U, Var, affine_coefficient, evaluate, loads, substitute
-from powerfusion.gir.ir import MemorySlice, Parallel
+from powerfusion.gir.expr import BinOp, Const, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
+from powerfusion.gir.ir import Level, MemorySlice, Parallel
 
 _ADDR = Var("addr")
 
@@ -49,27 +49,90 @@ def _decompose(rel: Expr, terms: list[tuple[int, int, str]]) -> dict[str, Expr] 
     return out
 
 
-def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool):
+def _divisors(e: Expr) -> set[int]:
+    """Constants d of u // d and u % d in an index: the digits a unit index is split into."""
+    if isinstance(e, BinOp):
+        out = _divisors(e.a) | _divisors(e.b)
+        if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and e.a == U and e.b.value > 1:
+            out.add(e.b.value)
+        return out
+    if isinstance(e, Select):
+        return _divisors(e.cond) | _divisors(e.a) | _divisors(e.b)
+    return set()
+
+
+def _unit_digits(w: MemorySlice, parallel: Parallel):
+    """offset(u) = c0 + sum(c_k * digit_k(u)), digits of u in the mixed radix of its divisors,
+    fitted on every unit and checked exactly; yields (c0, [(c_k, extent_k, place_k)])."""
+    ds = sorted(_divisors(w.index))
+    if any(b % a for a, b in zip(ds, ds[1:])):
+        return None
+    bounds = [1] + ds
+    units = np.arange(parallel.units, dtype=np.int64)
+    digits = [(units // lo) % (hi // lo) for lo, hi in zip(bounds, bounds[1:])] + [units // bounds[-1]]
+    extents = [hi // lo for lo, hi in zip(bounds, bounds[1:])] + [-(-parallel.units // bounds[-1])]
+    offset = np.broadcast_to(evaluate(substitute(w.index, {"i": Const(0), "j": Const(0)}), {"u": units}),
+                             units.shape).astype(np.float64)
+    A = np.stack([np.ones(len(units))] + [d.astype(np.float64) for d in digits], axis=1)
+    coef = np.rint(np.linalg.lstsq(A, offset, rcond=None)[0]).astype(np.int64)
+    if not np.array_equal(A.astype(np.int64) @ coef, offset.astype(np.int64)):
+        return None
+    return int(coef[0]), [(int(c), ext, place) for c, ext, place in zip(coef[1:], extents, bounds)]
+
+
+def _extents(w: MemorySlice, w_units, buffers) -> tuple[int, int]:
+    """num and width as far as the valid mask lets the writer write (a masked tail is no digit)."""
+    if w.valid is None or len(w_units) == 0:
+        return w.num, w.width
+    try:
+        m = w.mask(np.asarray(w_units), buffers).reshape(len(w_units), w.num, w.width)
+    except KeyError:
+        return w.num, w.width
+    rows, cols = np.nonzero(m.any(axis=(0, 2)))[0], np.nonzero(m.any(axis=(0, 1)))[0]
+    return (int(rows.max()) + 1 if rows.size else 1), (int(cols.max()) + 1 if cols.size else 1)
+
+
+def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tuple[int, int]):
     """Inverse maps address -> writer (u1, i1, j1), as expressions over `addr` and the reader's u."""
     if loads(w.index):
         return
     ci, cj = affine_coefficient(w.index, "i"), affine_coefficient(w.index, "j")
     if ci is None or cj is None:
         return
-    ij = [(ci, w.num, "i"), (cj, w.width, "j")]
+    ij = [(ci, extents[0], "i"), (cj, extents[1], "j")]
     if same_unit:
         base = substitute(w.index, {"i": Const(0), "j": Const(0)})
         sol = _decompose(_ADDR - base, ij)
         if sol is not None:
             yield U, sol
         return
-    cu = affine_coefficient(w.index, "u")
-    if cu is None:
+    fit = _unit_digits(w, parallel)
+    if fit is None:
         return
-    c0 = substitute(w.index, {"u": Const(0), "i": Const(0), "j": Const(0)})
-    sol = _decompose(_ADDR - c0, ij + [(cu, parallel.units, "u")])
-    if sol is not None:
-        yield sol.get("u", Const(0)), sol
+    c0, digits = fit
+    names = [f"d{k}" for k in range(len(digits))]
+    sol = _decompose(_ADDR - c0, ij + [(c, ext, n) for (c, ext, _), n in zip(digits, names)])
+    if sol is None:
+        return
+    u1: Expr = Const(0)
+    for (c, ext, place), n in zip(digits, names):
+        if n in sol:
+            u1 = u1 + sol[n] * place
+    yield u1, sol
+
+
+def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel, need: str | None,
+           buffers=None) -> list[Coords]:
+    tries = []
+    extents = _extents(w, w_units, buffers)
+    if w.pattern() == r.pattern() and np.array_equal(w_units, r_units):
+        tries.append(Coords(U, I, J))
+    for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
+        for u1, sol in _candidates(w, parallel, same_unit, extents):
+            m = {"addr": r.index}
+            tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
+                                substitute(sol.get("j", Const(0)), m)))
+    return tries
 
 
 def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
@@ -78,18 +141,33 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
 
     need: None (any unit may read it), "group" (same group), "unit" (same unit) or "lane"
     (same unit and lane). The writer must write each address at most once."""
-    tries = []
-    if w.pattern() == r.pattern() and np.array_equal(w_units, r_units):
-        tries.append(Coords(U, I, J))
-    for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
-        for u1, sol in _candidates(w, parallel, same_unit):
-            m = {"addr": r.index}
-            tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
-                                substitute(sol.get("j", Const(0)), m)))
-    for c in tries:
-        if _check(w, w_units, r, r_units, c, parallel, need, buffers):
+    if not _injective(w, w_units, parallel, buffers):
+        return None
+    for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        if ev is not None and bool(np.all(ev[0] | ~ev[2])):
             return c
     return None
+
+
+def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
+                    parallel: Parallel, need: str | None, buffers=None):
+    """For one of several writers: (coords, covered) where `covered` [units, num*width] marks the
+    valid reader elements this writer wrote (coords exact there, `need` met); None if unsure."""
+    if not _injective(w, w_units, parallel, buffers):
+        return None
+    best = None
+    for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        if ev is None:
+            continue
+        ok, hit, rmask = ev
+        if np.any(hit & ~ok & rmask):
+            continue      # this writer wrote an element read here, but not as `need` allows
+        covered = hit & rmask
+        if best is None or covered.sum() > best[1].sum():
+            best = (c, covered)
+    return None if best is None else (best[0], best[1].reshape(len(r_units), -1))
 
 
 def _grid(units, num, width):
@@ -101,10 +179,21 @@ def _full(x, shape):
     return np.broadcast_to(np.asarray(x, dtype=np.int64), shape)
 
 
-def _check(w, w_units, r, r_units, c: Coords, parallel, need, buffers) -> bool:
-    if len(r_units) == 0:
-        return True
+def eval_over(e: Expr | None, units, num: int, width: int, buffers=None) -> np.ndarray:
+    """[units, num, width] boolean/int values of an expression over a slice's grid (None: True)."""
+    shape = (len(units), num, width)
+    if e is None:
+        return np.ones(shape, bool)
+    return np.broadcast_to(evaluate(e, _grid(units, num, width), buffers), shape)
+
+
+def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
+    """(ok, hit, rmask) over the reader grid: hit = the writer wrote the element read, at these
+    coordinates; ok = hit and `need` holds; rmask = the reader reads it. None when undecidable."""
     shape = (len(r_units), r.num, r.width)
+    if len(r_units) == 0:
+        z = np.zeros(shape, bool)
+        return z, z, z
     env = _grid(r_units, r.num, r.width)
     try:
         addr = _full(evaluate(r.index, env, buffers), shape)
@@ -115,18 +204,17 @@ def _check(w, w_units, r, r_units, c: Coords, parallel, need, buffers) -> bool:
                 "j": np.where(inside, j1, 0)}
         waddr = _full(evaluate(w.index, wenv, buffers), shape)
         wvalid = _full(evaluate(w.valid, wenv, buffers), shape).astype(bool) if w.valid is not None else True
-        if not _injective(w, w_units, parallel, buffers):
-            return False
     except KeyError:      # a gather index from runtime data: cannot be decided statically
-        return False
-    ok = inside & (waddr == addr) & wvalid
+        return None
+    hit = inside & (waddr == addr) & wvalid
+    ok = hit.copy()
     if need in ("unit", "lane"):
         ok &= u1 == env["u"]
     if need == "group":
         ok &= u1 // parallel.units_per_group == env["u"] // parallel.units_per_group
     if need == "lane":
         ok &= (j1 // w.vec) % parallel.lanes == (env["j"] // r.vec) % parallel.lanes
-    return bool(np.all(ok | ~rmask))
+    return ok, hit, rmask
 
 
 def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
@@ -137,3 +225,15 @@ def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     owner = u // parallel.units_per_group if w.level.name == "SHARED" else u if w.level.name == "REGISTER" else 0
     vals = (addr + owner * (int(addr.max(initial=0)) + 1))[m]
     return np.unique(vals).size == vals.size
+
+
+_NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}
+_ORDER = (None, "group", "unit", "lane")
+
+
+def composition_need(source: Level, through: Level) -> str | None:
+    """What reading `source` data via an intermediate at level `through` requires of the units:
+    register data stays in its lane (no shuffles in a move); the intermediate's own level binds
+    too (a unit reads its own registers, a group its own shared memory)."""
+    via = {Level.REGISTER: "unit", Level.SHARED: "group", Level.GLOBAL: None}[through]
+    return max(_NEED[source], via, key=_ORDER.index)

@@ -93,3 +93,11 @@ def test_gpt2_decode_attention_reads_k_and_v_once_in_at_most_two_kernels():
     assert kernel_count(after) <= 2 < kernel_count(before)
     reads = global_reads(after)
     assert reads["k"] == Hd * S * D and reads["v"] == Hd * S * D
+def test_channel_shuffle_reads_and_writes_each_element_once_in_one_kernel():
+    C, H, W = 8, 4, 4
+    graph, sub, before, after = best_plan(M.channel_shuffle(C, H, W))
+    check_outputs(graph, sub, after)
+    n = C * H * W
+    assert global_reads(after) == Counter({"a": n, "b": n})
+    assert global_writes(after) == Counter({"o1": n, "o2": n})
+    assert kernel_count(after) == 1

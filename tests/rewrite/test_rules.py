@@ -5,9 +5,10 @@ handles row u: global index u*4 + j, registers in identity layout.
 """
 from __future__ import annotations
 
-from powerfusion.gir.expr import I, J, U
+from powerfusion.gir.expr import I, J, U, binop
 from powerfusion.gir.ir import Elementwise, GOp, Level, Move, Reduce, Scope, Sync
 from powerfusion.rewrite import MERGE_RULES, SWAP_RULES, SYNC_RULES
+from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.merge_rules import (cancel_moves, compose_moves, drop_dead_op, drop_identity_move,
                                              merge_parallel_moves)
 from powerfusion.rewrite.swap_rules import swap_ew_move, swap_ew_reduce, swap_ew_through_memory
@@ -43,7 +44,7 @@ def sync(scope, ins, outs):
 
 
 def test_every_rule_has_a_test_here():
-    tested = {promote_sync, drop_unread_sync, cancel_moves, compose_moves, drop_identity_move,
+    tested = {promote_sync, drop_unread_sync, cancel_moves, compose_moves, compose_split, drop_identity_move,
               merge_parallel_moves, drop_dead_op, swap_ew_move, swap_ew_through_memory, swap_ew_reduce}
     assert set(SYNC_RULES.values()) | set(MERGE_RULES.values()) | set(SWAP_RULES.values()) == tested
 
@@ -140,6 +141,26 @@ def test_compose_moves_refuses_a_register_source_read_by_another_unit():
            mv(col("T"), reg("y", C, 1)), mv(reg("y", C, 1), col("Z"))]
     bufs = [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x"), rbuf("y")]
     check_rule(compose_moves, graph(ops, bufs, ["X"], ["Z"]), 3, None)
+
+
+def test_compose_split_through_a_concat_read_column_wise():
+    # T = concat(X, Y) along rows (units 0-1 copy X, units 2-3 copy Y), then read by columns
+    wa = GOp(Move(), (row("X"),), (row("T"),), U.lt(2))
+    wb = GOp(Move(), (glob("X2", (U - 2) * C + J, 1, C),), (row("T"),), binop("le", 2, U))
+    ops = [wa, wb, sync(Scope.DEVICE, [row("T"), row("T")], [col("T")]), mv(col("T"), reg("y", C, 1)),
+           mv(reg("y", C, 1), col("Z"))]
+    bufs = [gbuf("X", 8), gbuf("X2", 8), gbuf("T", N), gbuf("Z", N), rbuf("y")]
+    before = graph(ops, bufs, ["X", "X2"], ["Z"])
+    top, bottom = I.lt(2), binop("le", 2, I)
+    expected = graph([ops[2], mv(glob("X", I * C + U, C, 1, valid=top), reg("y", C, 1, valid=top)),
+                      mv(glob("X2", (I - 2) * C + U, C, 1, valid=bottom), reg("y", C, 1, valid=bottom)), ops[4]],
+                     bufs, ["X", "X2"], ["Z"])
+    check_rule(compose_split, before, 3, expected)
+    # a second reader of T (an output of its own) would need four moves for three: no
+    extra = [*ops, mv(col("T"), reg("w", C, 1)), mv(reg("w", C, 1), col("Z2")),
+             mv(row("T"), reg("v", 1, C)), mv(reg("v", 1, C), row("Z3"))]
+    many = graph(extra, bufs + [rbuf("w"), rbuf("v"), gbuf("Z2", N), gbuf("Z3", N)], ["X", "X2"], ["Z", "Z2", "Z3"])
+    check_rule(compose_split, many, 3, None)
 
 
 def test_drop_identity_move():
