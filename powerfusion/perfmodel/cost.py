@@ -35,7 +35,7 @@ from powerfusion.perfmodel.specs import MemorySystem, Occupancy, TargetSpec, get
 ILP_CAP = 8          # independent loads one unit keeps in flight (unrolled loops)
 ISSUE_WARPS = 8      # resident warps per SM needed to keep the ALUs busy
 PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of bandwidth
-_DEFAULT_OCC = Occupancy(1, 1, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 0)
+_DEFAULT_OCC = Occupancy(1 << 20, 1 << 20, 1 << 40, 1 << 20, 1 << 40, 1 << 40, 0)  # no residency limits modelled
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,12 +138,13 @@ def rebind(choice, sub: Subgraph, graph: BasicGraph, t: TargetSpec):
         if (a.level, a.size, a.dtype) != (b.level, b.size, b.dtype):
             return None
         mapping[a.name] = b.name
-    if rename(old, mapping).ops != merged.ops:
+    nodes = {a: b for (a, _), (b, _) in zip(old.templates, merged.templates)}
+    if rename(old, mapping, nodes).ops != merged.ops:
         return None
     full = _extend(mapping, [b.name for b in choice.graph.buffers])
     if full is None:
         return None
-    opt = replace(rename(choice.graph, full), name=merged.name, templates=merged.templates,
+    opt = replace(rename(choice.graph, full, nodes), name=merged.name, templates=merged.templates,
                   constants=merged.constants)
     return replace(choice, graph=opt, merged=merged, trace=())
 
@@ -164,13 +165,21 @@ def _extend(mapping: dict[str, str], names) -> dict[str, str] | None:
     return out
 
 
-def rename(g: GIRGraph, m: dict[str, str]) -> GIRGraph:
+def rename(g: GIRGraph, m: dict[str, str], nodes: dict[str, str] | None = None) -> GIRGraph:
+    """The graph with buffers renamed by `m` and gOperator origins (basic node names) by `nodes`."""
+    nodes = nodes or {}
+
+    def origin(o: str) -> str:
+        head, _, tail = o.rpartition(":")
+        return f"{head}:{nodes.get(tail, tail)}" if head else nodes.get(o, o)
+
     def sl(s: MemorySlice) -> MemorySlice:
         return replace(s, buffer=m.get(s.buffer, s.buffer), index=_rx(s.index, m),
                        valid=None if s.valid is None else _rx(s.valid, m))
 
     ops = tuple(replace(op, inputs=tuple(sl(s) for s in op.inputs), outputs=tuple(sl(s) for s in op.outputs),
-                        guard=None if op.guard is None else _rx(op.guard, m)) for op in g.ops)
+                        guard=None if op.guard is None else _rx(op.guard, m), origin=origin(op.origin))
+                for op in g.ops)
     return replace(g, ops=ops, buffers=tuple(replace(b, name=m.get(b.name, b.name)) for b in g.buffers),
                    inputs=tuple(m.get(x, x) for x in g.inputs), outputs=tuple(m.get(x, x) for x in g.outputs),
                    constants=tuple((m.get(n, n), v) for n, v in g.constants))

@@ -7,6 +7,7 @@ Levels are the abstract GLOBAL > SHARED > REGISTER of DESIGN.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,17 @@ ALIASES = {"cuda": "h200", "hip": "mi250", "mlu": "mlu370"}
 
 
 def get_target(name: str) -> TargetSpec:
+    """The target's spec; where a calibration of that GPU is stored (perfmodel/calibrated/),
+    its measured perf-model figures replace the datasheet ones."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in TARGETS:
         from powerfusion.errors import PowerFusionError
         raise PowerFusionError(f"unknown target '{name}'; known: {', '.join(sorted(TARGETS) + sorted(ALIASES))}")
-    return TARGETS[key]
+    return _calibrated(key)
+
+
+@lru_cache(maxsize=None)
+def _calibrated(key: str) -> TargetSpec:
+    from powerfusion.perfmodel.calibration import apply_calibration, load_calibration
+    cal = load_calibration(key)
+    return apply_calibration(TARGETS[key], cal) if cal else TARGETS[key]

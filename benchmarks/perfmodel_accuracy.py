@@ -1,0 +1,281 @@
+"""Accuracy of the perf model: predicted vs measured time of many plans of the benchmark subgraphs.
+
+Two steps, because lowering and rewriting every plan is CPU work and GPU time is scarce:
+
+    python3 benchmarks/perfmodel_accuracy.py prepare out/perfmodel_plans.pkl   # any machine
+    python3 benchmarks/perfmodel_accuracy.py run out/perfmodel_plans.pkl $OUT  # on the GPU
+
+`prepare` builds the benchmark subgraphs (LayerNorm / RMSNorm / softmax at several N,
+elementwise chains, transposes, ShuffleNet's channel shuffle, GPT-2-style decode
+attention), enumerates every plan (`lower.enumerate_plans`), rewrites each with the
+greedy optimiser and keeps those the verifier and the CUDA renderer accept. `run`
+applies the calibration found next to it (benchmarks/results/calibration-*.json, or the
+one just measured), predicts every plan, times every plan on the device (CUDA-graph
+replay, powerfusion.perfmodel.tune), and reports per case and overall:
+Spearman rank correlation of predicted vs measured time, and how far the model's pick
+(and the best of its top-8) is from the best measured plan. JSON + markdown under $OUT.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# ---- benchmark subgraphs (ONNX, built with onnx.helper) -----------------------------------
+
+def _model(nodes, inputs, outputs, inits=()):
+    from onnx import TensorProto as T, helper as h
+    g = h.make_graph(nodes, "case", [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                     [h.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs], list(inits))
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+
+
+def _const(name, value):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def layernorm(R, N):
+    from onnx import helper as h
+    return _model([h.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+                  [("x", [R, N])], [("y", [R, N])],
+                  [_const("g", np.ones(N, np.float32)), _const("b", np.zeros(N, np.float32))])
+
+
+def rmsnorm(R, N):
+    from onnx import helper as h
+    nodes = [h.make_node("Mul", ["x", "x"], ["sq"]), h.make_node("ReduceMean", ["sq", "ax"], ["ms"], keepdims=1),
+             h.make_node("Add", ["ms", "eps"], ["mse"]), h.make_node("Sqrt", ["mse"], ["rms"]),
+             h.make_node("Div", ["x", "rms"], ["xn"]), h.make_node("Mul", ["xn", "g"], ["y"])]
+    return _model(nodes, [("x", [R, N])], [("y", [R, N])],
+                  [_const("ax", np.array([-1], np.int64)), _const("eps", np.float32(1e-6)),
+                   _const("g", np.ones(N, np.float32))])
+
+
+def softmax(R, N):
+    from onnx import helper as h
+    return _model([h.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", [R, N])], [("y", [R, N])])
+
+
+def gelu_chain(n):
+    from onnx import helper as h
+    nodes = [h.make_node("Add", ["x", "bias"], ["xb"]), h.make_node("Div", ["xb", "s2"], ["xs"]),
+             h.make_node("Erf", ["xs"], ["e"]), h.make_node("Add", ["e", "one"], ["e1"]),
+             h.make_node("Mul", ["xb", "e1"], ["m"]), h.make_node("Mul", ["m", "half"], ["y"])]
+    return _model(nodes, [("x", [n // 1024, 1024])], [("y", [n // 1024, 1024])],
+                  [_const("bias", np.zeros(1024, np.float32)), _const("s2", np.float32(1.4142135)),
+                   _const("one", np.float32(1.0)), _const("half", np.float32(0.5))])
+
+
+def add_relu_mul(n):
+    from onnx import helper as h
+    nodes = [h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Relu", ["s"], ["r"]),
+             h.make_node("Mul", ["r", "a"], ["y"])]
+    return _model(nodes, [("a", [n]), ("b", [n])], [("y", [n])])
+
+
+def transpose2d(R, C):
+    from onnx import helper as h
+    return _model([h.make_node("Transpose", ["x"], ["y"], perm=[1, 0])], [("x", [R, C])], [("y", [C, R])])
+
+
+def transpose3d(A, B, C):
+    from onnx import helper as h
+    return _model([h.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], [("x", [A, B, C])], [("y", [A, C, B])])
+
+
+def channel_shuffle(C, H, W):
+    """ShuffleNetV2's concat -> reshape -> transpose -> reshape -> split (the paper's Figure 3)."""
+    from onnx import helper as h
+    nodes = [h.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             h.make_node("Reshape", ["c", "s1"], ["r1"]),
+             h.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 1, 3, 4]),
+             h.make_node("Reshape", ["t", "s2"], ["r2"]),
+             h.make_node("Split", ["r2", "sp"], ["y1", "y2"], axis=1)]
+    return _model(nodes, [("a", [1, C, H, W]), ("b", [1, C, H, W])], [("y1", [1, C, H, W]), ("y2", [1, C, H, W])],
+                  [_const("s1", np.array([1, 2, C, H, W], np.int64)), _const("s2", np.array([1, 2 * C, H, W], np.int64)),
+                   _const("sp", np.array([C, C], np.int64))])
+
+
+def decode_attention(H, T, D):
+    """One decode step of attention with a KV cache: softmax(q K^T / sqrt(D)) V (two GEMVs)."""
+    from onnx import helper as h
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["q", "kt"], ["s"]), h.make_node("Mul", ["s", "scale"], ["ss"]),
+             h.make_node("Softmax", ["ss"], ["p"], axis=-1), h.make_node("MatMul", ["p", "v"], ["y"])]
+    return _model(nodes, [("q", [1, H, 1, D]), ("k", [1, H, T, D]), ("v", [1, H, T, D])], [("y", [1, H, 1, D])],
+                  [_const("scale", np.float32(1 / math.sqrt(D)))])
+
+
+CASES = {
+    "layernorm_256x768": lambda: layernorm(256, 768),
+    "layernorm_64x4096": lambda: layernorm(64, 4096),
+    "layernorm_1024x128": lambda: layernorm(1024, 128),
+    "rmsnorm_256x1024": lambda: rmsnorm(256, 1024),
+    "softmax_512x128": lambda: softmax(512, 128),
+    "softmax_64x2048": lambda: softmax(64, 2048),
+    "gelu_262144": lambda: gelu_chain(262144),
+    "add_relu_mul_1M": lambda: add_relu_mul(1 << 20),
+    "transpose_512x512": lambda: transpose2d(512, 512),
+    "transpose_16x128x256": lambda: transpose3d(16, 128, 256),
+    "channel_shuffle_116x28x28": lambda: channel_shuffle(116, 28, 28),
+    "decode_attention_12x512x64": lambda: decode_attention(12, 512, 64),
+}
+
+
+# ---- prepare: enumerate, lower, rewrite, check ------------------------------------------------
+
+def prepare(path: str, cases=None, limit: int = 16) -> None:
+    from powerfusion.frontend import import_model, partition
+    from powerfusion.gir.lower import enumerate_plans, lower_subgraph
+    from powerfusion.perfmodel.search import feasibility
+    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.rewrite import optimise
+    t = get_target("h100")
+    out = Path(path)
+    done = pickle.loads(out.read_bytes()) if out.exists() else []
+    have = {(p["case"], p["labels"]) for p in done}
+    for case in cases or CASES:
+        t0 = time.perf_counter()
+        graph = import_model(CASES[case]())
+        subs = partition(graph, "cuda").subgraphs
+        sub = max(subs, key=lambda s: len(s.nodes))
+        plans = enumerate_plans(sub, graph, t, limit=limit)
+        kept = 0
+        for plan in plans:
+            labels = tuple(c.label for c in plan.values())
+            if (case, labels) in have:
+                continue
+            try:
+                merged = lower_subgraph(sub, graph, plan, t)
+                g, _ = optimise(merged)
+            except Exception as e:  # a plan the lowering or the rules reject: not a candidate
+                print(f"  {case}: plan rejected ({type(e).__name__}: {str(e)[:100]})", flush=True)
+                continue
+            why = feasibility(g, t)
+            if why:
+                print(f"  {case}: infeasible: {why[:120]}", flush=True)
+                continue
+            done.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes)})
+            kept += 1
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(pickle.dumps(done))
+        print(f"{case}: {len(plans)} plans, {kept} kept, {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+# ---- run: calibrate, predict, time, compare -----------------------------------------------------
+
+def spearman(a, b) -> float:
+    ra, rb = _ranks(np.asarray(a, float)), _ranks(np.asarray(b, float))
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x))
+    for v in np.unique(x):  # ties share their mean rank
+        m = x == v
+        r[m] = r[m].mean()
+    return r
+
+
+def summarise(rows: list[dict]) -> dict:
+    pred = [r["predicted_s"] for r in rows]
+    meas = [r["measured_s"] for r in rows]
+    per_case, gaps, top8_gaps = {}, [], []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        best = min(r["measured_s"] for r in rs)
+        by_pred = sorted(rs, key=lambda r: r["predicted_s"])
+        pick_gap = by_pred[0]["measured_s"] / best - 1
+        top8_gap = min(r["measured_s"] for r in by_pred[:8]) / best - 1
+        gaps.append(pick_gap)
+        top8_gaps.append(top8_gap)
+        per_case[case] = {"plans": len(rs), "spearman": spearman([r["predicted_s"] for r in rs],
+                                                                 [r["measured_s"] for r in rs]),
+                          "best_measured_s": best, "pick_measured_s": by_pred[0]["measured_s"],
+                          "pick_gap": pick_gap, "top8_best_gap": top8_gap}
+    return {"plans": len(rows), "cases": len(per_case), "spearman": spearman(pred, meas),
+            "spearman_log": spearman(np.log(pred), np.log(meas)),
+            "median_abs_rel_error": float(np.median([abs(p / m - 1) for p, m in zip(pred, meas)])),
+            "cases_pick_within_10pct": sum(g <= 0.10 for g in gaps),
+            "cases_top8_within_10pct": sum(g <= 0.10 for g in top8_gaps),
+            "per_case": per_case}
+
+
+def run(path: str, out_dir: str, calibration: dict | None = None) -> dict:
+    from powerfusion.perfmodel.calibration import apply_calibration, load_calibration
+    from powerfusion.perfmodel.cost import estimate, predict_seconds
+    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.perfmodel.tune import time_graph
+    plans = pickle.loads(Path(path).read_bytes())
+    base = get_target("h100")
+    cal = calibration or load_calibration()
+    t = apply_calibration(base, cal) if cal else base
+    rows = []
+    for k, p in enumerate(plans):
+        g = p["graph"]
+        est = estimate(g, t)
+        row = {"case": p["case"], "plan": " | ".join(dict.fromkeys(p["labels"])), "kernels": len(g.kernels()),
+               "predicted_s": predict_seconds(est, t), "units": g.parallel.units,
+               "global_bytes": est.bytes("global"), "limits": list(est.limits)}
+        try:
+            row["measured_s"] = time_graph(g)
+        except Exception as e:  # a plan that does not compile or launch is reported, not timed
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        print(f"[{k + 1}/{len(plans)}] {p['case']}: predicted {row['predicted_s'] * 1e6:.2f} us, "
+              f"measured {row.get('measured_s', float('nan')) * 1e6:.2f} us", flush=True)
+    ok = [r for r in rows if "measured_s" in r and math.isfinite(r["predicted_s"])]
+    summary = summarise(ok)
+    summary["failed"] = len(rows) - len(ok)
+    summary["target"] = t.name
+    summary["calibrated"] = t.calibrated
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perfmodel-accuracy.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    (out / "perfmodel-accuracy.md").write_text(markdown(summary, rows))
+    return summary
+
+
+def markdown(summary: dict, rows: list[dict]) -> str:
+    lines = [f"# Perf-model accuracy on {summary['target']}", "",
+             f"{summary['plans']} plans over {summary['cases']} subgraphs ({summary['failed']} failed to run); "
+             f"calibration: {summary['calibrated'] or 'datasheet figures'}.", "",
+             f"- Spearman rank correlation (predicted vs measured, all plans): **{summary['spearman']:.3f}**",
+             f"- median |predicted/measured - 1|: {summary['median_abs_rel_error']:.2f}",
+             f"- cases where the model's pick is within 10% of the best measured plan: "
+             f"{summary['cases_pick_within_10pct']}/{summary['cases']}",
+             f"- cases where the best of the model's top-8 is within 10%: "
+             f"{summary['cases_top8_within_10pct']}/{summary['cases']}", "",
+             "| case | plans | Spearman | best measured (us) | pick measured (us) | pick gap | top-8 gap |",
+             "|---|---|---|---|---|---|---|"]
+    for case, c in summary["per_case"].items():
+        lines.append(f"| {case} | {c['plans']} | {c['spearman']:.2f} | {c['best_measured_s'] * 1e6:.2f} | "
+                     f"{c['pick_measured_s'] * 1e6:.2f} | {c['pick_gap'] * 100:.1f}% | {c['top8_best_gap'] * 100:.1f}% |")
+    lines += ["", "| case | plan | kernels | predicted (us) | measured (us) |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['plan'][:90]} | {r['kernels']} | {r['predicted_s'] * 1e6:.2f} | "
+                     f"{r.get('measured_s', float('nan')) * 1e6:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "prepare":
+        prepare(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else None)
+    elif cmd == "run":
+        print(json.dumps(run(sys.argv[2], sys.argv[3]), indent=1, default=str))
+    else:
+        sys.exit(__doc__)
