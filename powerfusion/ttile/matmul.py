@@ -187,21 +187,11 @@ class Matmul:
         bf16 = s.A_dtype == "bf16"
         wdeq = cp.empty((self.N, self.K), cp.uint16 if bf16 else cp.float16)
         self._kernel()(grid, block, (words, _or(scale, null), _or(zeros, null), wdeq))
-        if bf16:   # CuPy has no bf16 GEMM: exact widening to fp32, fp32 cuBLAS
-            from .runtime import bf16_bits_to_f32
-            res = cp.matmul(bf16_bits_to_f32(A.view(cp.uint16)), bf16_bits_to_f32(wdeq).T)
-        elif s.out_dtype == "fp16":
-            res = cp.matmul(A, wdeq.T)
-        else:
-            res = cp.matmul(A.astype(cp.float32), wdeq.T.astype(cp.float32))
+        from .runtime import bf16_bits_to_f32, f32_to_bf16_bits, gemm_nt_f32
+        res = gemm_nt_f32(A.view(cp.uint16) if bf16 else A, wdeq, s.A_dtype)   # tensor cores, fp32 out
         if bias is not None:
-            from .runtime import bf16_bits_to_f32
-            res = res + (bf16_bits_to_f32(bias.view(cp.uint16)) if bf16 else bias.astype(res.dtype))
-        if s.out_dtype == "bf16":
-            from .runtime import f32_to_bf16_bits
-            res = f32_to_bf16_bits(res)
-        else:
-            res = res.astype(odt, copy=False)
+            res += bf16_bits_to_f32(bias.view(cp.uint16)) if bf16 else bias.astype(cp.float32)
+        res = f32_to_bf16_bits(res) if s.out_dtype == "bf16" else res.astype(odt, copy=False)
         if out is not None:
             out[...] = res
             return out

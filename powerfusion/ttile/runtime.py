@@ -35,3 +35,28 @@ def f32_to_bf16_bits(x):
     import cupy as cp
     u = x.astype(cp.float32).view(cp.uint32)
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
+
+
+# cuBLAS / CUDA enum values (cublas_api.h, library_types.h)
+_CUDA_R = {"fp16": 2, "bf16": 14, "fp32": 0}
+_OP_N, _OP_T, _COMPUTE_32F, _GEMM_DEFAULT = 0, 1, 68, -1
+
+
+def gemm_nt_f32(A, W, dtype: str):
+    """C[M, N] (fp32) = A[M, K] . W[N, K]^T for fp16 / bf16 operands through cublasGemmEx:
+    tensor cores, fp32 accumulation (CuPy's matmul has no bf16)."""
+    import cupy as cp
+    import numpy as np
+    from cupy_backends.cuda.libs import cublas
+
+    M, K = A.shape
+    N = W.shape[0]
+    A, W = cp.ascontiguousarray(A), cp.ascontiguousarray(W)
+    C = cp.empty((M, N), cp.float32)
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    t = _CUDA_R[dtype]
+    # row-major C = A W^T is column-major C^T = W^T(op T of W's [K, N] view) x A^T
+    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, N, M, K, one.ctypes.data,
+                  W.data.ptr, t, K, A.data.ptr, t, K, zero.ctypes.data, C.data.ptr, _CUDA_R["fp32"], N,
+                  _COMPUTE_32F, _GEMM_DEFAULT)
+    return C
