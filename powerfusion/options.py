@@ -25,6 +25,7 @@ class Options:
     cache_dir: Path          # compiled kernels, cached by content hash
     verbose: int = 0         # 0 quiet, 1 progress on stderr, 2 debug
     target: str = "cpu"      # default target of InferenceSession and the CLI
+    cuda_graph: bool = False  # cuda target: replay each run as a captured CUDA graph
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
