@@ -229,11 +229,11 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda", limit:
 def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = None, target="cuda") -> GIRGraph:
     """One GIR graph for the subgraph: one candidate per op (default_choice where not given)."""
     plan = _Plan(subgraph, graph, target)
-    chosen = _descend(plan) if choice is None else {}
-    if choice is not None:
-        for n in plan.nodes:
-            c = choice.get(n.name)
-            chosen[n.name] = plan.rebind(n, c) if c is not None else _descend(plan, dict(choice))[n.name]
+    given = {n.name: choice[n.name] for n in plan.nodes if choice and n.name in choice}
+    if choice and len(given) == len(plan.nodes):
+        chosen = {n.name: plan.rebind(n, given[n.name]) for n in plan.nodes}
+    else:  # the ops not named are matched around the named ones
+        chosen = _descend(plan, given)
     parts = [(n, chosen[n.name], chosen[n.name].build()) for n in plan.nodes]
     return merge(plan, parts)
 

@@ -250,8 +250,7 @@ class Emitter:
     def local(self, suffix: str, level: Level, size: int, dtype: str) -> str:
         name = f"{self._stem}_{suffix}"
         k = 1
-        while name in self.buffers and (self.buffers[name].level, self.buffers[name].size,
-                                        self.buffers[name].dtype) != (level, size, dtype):
+        while name in self.buffers:  # every request is a fresh buffer
             name, k = f"{self._stem}_{suffix}{k}", k + 1
         self.buffers[name] = Buffer(name, level, size, dtype)
         return name

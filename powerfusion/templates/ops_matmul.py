@@ -80,7 +80,7 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
         units, out_index, out_w = prod(shape[:n_out - 1]) * nch, (U // nch) * L + lane, W
     ra = load(em, pr.a, pieces, shape, num, W, p.vec, tail, "a")
     rb = load(em, pr.b, pieces, shape, num, W, p.vec, tail, "b")
-    prod_r = em.reg("ab", num, W, acc, p.vec)
+    prod_r = em.reg("prod", num, W, acc, p.vec)
     em.op(Elementwise("mul"), [ra, rb], [prod_r])
     seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, num, W, W, acc, p.vec, tail)
     if num > 1:
