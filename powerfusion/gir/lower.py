@@ -15,8 +15,9 @@ merged in topological order (DESIGN.md "merge").
   rejected, since re-grouping would change which units share memory.
 * The default choice picks, per op, the candidate whose accesses of its neighbours'
   tensors line up with theirs -- every element read by the unit and lane that wrote it
-  (scope LANE, powerfusion.gir.scope) -- so that the rewrite rules can fuse: a forward
-  pass matching producers, then sweeps matching producers and consumers.
+  (sync scope LANE; tested on a sample of units) -- so that the rewrite rules can fuse: a
+  forward pass matching producers, then sweeps matching producers and consumers; ties go
+  to equal per-unit tiles, then to the template's own order.
 """
 from __future__ import annotations
 

@@ -6,6 +6,18 @@ candidate is a complete graph of its own (load inputs from GLOBAL, compute in
 REGISTER, store outputs to GLOBAL, syncs where a phase needs other units' data).
 The first candidate is the default; `powerfusion.gir.lower` picks among them so that
 neighbouring ops' slice patterns line up.
+
+Templates (name: parameters):
+  elementwise / broadcast / reshape / slice / pad / gather / gather_elements / window
+  / transpose.direct_out / transpose.direct_in / concat.by_input: `.rows` `.chunk`
+  `.cyclic` with maps.TileParams(kind, vec, split, num, units)
+  concat.rows: TileParams (one unit per output row; guarded loads per input)
+  transpose.tiled: ops_tiled.TileTransposeParams(tile, units) (SHARED tile, BLOCK sync)
+  reduce.row_warp / .cols / .block / .grid: ops_reduce.ReduceParams(style, vec, split)
+  matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec)
+Conventions: compute on REGISTER tiles in the identity layout (index i*width + j), fp16 and
+bf16 widened to float32 in registers, W = lanes*vec (1 for one-element rows), tails masked
+by `valid` on the GLOBAL slices and on the register tiles reductions read.
 """
 from __future__ import annotations
 
