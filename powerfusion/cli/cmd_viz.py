@@ -5,6 +5,7 @@ import os
 
 from powerfusion.cli.common import add_model_arguments, check_model_path, parse_shapes, progress
 
+DEFAULT_TIMEOUT = 300.0
 HELP = "write a self-contained HTML view of the partition and every subgraph's GIR at every rewrite step"
 
 
@@ -16,6 +17,9 @@ def add_arguments(p) -> None:
     p.add_argument("--view", help="dot/svg: 'partition' or a subgraph name, e.g. sg3 (default: partition)")
     p.add_argument("--step", type=int, help="dot/svg: stage index of that subgraph (default: the final graph)")
     p.add_argument("--no-codegen", action="store_true", help="skip rendering kernel source (no source lines shown)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help=f"seconds each subgraph may take (lowering, search, rewriting, codegen); one that "
+                        f"runs over is shown as failed (default {DEFAULT_TIMEOUT:g}; 0 = no limit)")
     p.add_argument("--default-choice", action="store_true",
                    help="show the default template choice (as inspect --gir) instead of the perf-model search's")
 
@@ -29,7 +33,8 @@ def main(args) -> int:
         if fmt not in ("dot", "svg"):
             progress("--view/--step choose what dot/svg show; the html and json outputs hold every view")
     data = viz_data(args.model, shapes=parse_shapes(args.shapes), target=args.target or "cuda",
-                    codegen=not args.no_codegen, search=not args.default_choice, progress=progress)
+                    codegen=not args.no_codegen, search=not args.default_choice,
+                    timeout=args.timeout or None, progress=progress)
     text = render(data, fmt, args.view, args.step)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)

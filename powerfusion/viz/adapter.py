@@ -120,24 +120,35 @@ def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
 
 
 def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None,
-               search: bool = True) -> ModelRun:
+               search: bool = True, timeout: float | None = None) -> ModelRun:
     """Import and partition; then each subgraph as `powerfusion compile` would build it (its
-    perf-model search, when `search`), isolated so that one failure does not hide the rest."""
+    perf-model search, when `search`), isolated so that one failure does not hide the rest,
+    and within `timeout` seconds each where given (budget.py)."""
     from powerfusion.frontend import import_model
     from powerfusion.frontend.partition import partition_graph  # the module shadows frontend.partition
+    from powerfusion.viz.budget import run_all
     graph = import_model(model, shapes)
     part = partition_graph(graph, target)
     renderer = _renderer(target) if codegen else None
-    runs = []
-    for k, sub in enumerate(part.subgraphs):
+    subs = part.subgraphs
+
+    def work(sub):
         if progress:
-            progress(f"subgraph {k + 1}/{len(part.subgraphs)}: {sub.name} ({len(sub.nodes)} basic ops)")
-        run, note = (_compiled(sub, graph, part, target, codegen) if search else (None, None))
+            progress(f"subgraph {subs.index(sub) + 1}/{len(subs)}: {sub.name} ({len(sub.nodes)} basic ops)")
+        run, note = _compiled(sub, graph, part, target, codegen) if search else (None, None)
         if run is None:
             run = run_subgraph(sub, graph, target, renderer)
             if note:
                 run = replace(run, note=note)
-        runs.append(run)
+        return run
+
+    def timed_out(sub, seconds):
+        return SubgraphRun(sub, error=f"not finished within {seconds:g} s (lowering, search or rewriting); "
+                                      f"raise --timeout to wait longer", failed_at="timeout")
+
+    def crashed(sub, code):
+        return SubgraphRun(sub, error=f"the worker process died (exit code {code})", failed_at="crash")
+    runs = run_all(subs, work, timed_out, crashed, timeout)
     return ModelRun(graph.name or "model", target, graph, part, tuple(runs))
 
 

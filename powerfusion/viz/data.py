@@ -14,17 +14,18 @@ FORMAT_VERSION = 1
 
 
 def viz_data(source, *, shapes=None, target: str = "cuda", codegen: bool = True, search: bool = True,
-             progress=None) -> dict:
+             timeout: float | None = None, progress=None) -> dict:
     """`source`: an .onnx path, bytes or ModelProto; a compiled `powerfusion.compiler.Plan`;
     a GIRGraph (optionally `(merged, trace)` or `(merged, trace, final)`); or a ModelRun.
     For a model, `search=False` shows the default template choice instead of the perf-model
-    search's (faster), and `codegen=False` skips rendering kernel source."""
+    search's (faster), `codegen=False` skips rendering kernel source, and `timeout` (seconds)
+    bounds each subgraph's work (one that runs over is shown as failed)."""
     return run_data(to_run(source, shapes=shapes, target=target, codegen=codegen, search=search,
-                           progress=progress))
+                           timeout=timeout, progress=progress))
 
 
 def to_run(source, *, shapes=None, target: str = "cuda", codegen: bool = True, search: bool = True,
-           progress=None) -> ModelRun:
+           timeout: float | None = None, progress=None) -> ModelRun:
     from powerfusion.gir.ir import GIRGraph
     if isinstance(source, ModelRun):
         return source
@@ -34,7 +35,7 @@ def to_run(source, *, shapes=None, target: str = "cuda", codegen: bool = True, s
         return from_gir(*source)
     if hasattr(source, "kernel_steps") and hasattr(source, "partition"):
         return from_plan(source)
-    return from_model(source, shapes, target, codegen, progress, search)
+    return from_model(source, shapes, target, codegen, progress, search, timeout)
 
 
 def run_data(run: ModelRun) -> dict:

@@ -198,3 +198,14 @@ def test_templates_stage_traffic_is_the_templates_own():
         total.update(traffic(t.graph))
     first = run_data(run)["subgraphs"][0]["stages"][0]
     assert first["kind"] == "templates" and first["gir"]["traffic"] == dict(total)
+
+
+def test_a_subgraph_over_its_time_budget_is_shown_as_failed():
+    import time
+    t0 = time.perf_counter()
+    data = viz_data(channel_shuffle(58, 28), target="cuda", timeout=0.2)
+    (sg,) = data["subgraphs"]
+    assert sg["failed_at"] == "timeout" and "0.2 s" in sg["error"] and sg["stages"] == []
+    assert time.perf_counter() - t0 < 30
+    ok = viz_data(matmul_relu(), target="cuda", timeout=120)   # the same results through the worker
+    assert ok == viz_data(matmul_relu(), target="cuda")

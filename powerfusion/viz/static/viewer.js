@@ -159,6 +159,7 @@
 
   function layout(g, cacheKey) {
     if (layoutCache.has(cacheKey)) return layoutCache.get(cacheKey);
+    const t0 = performance.now();
     const d = new dagre.graphlib.Graph({compound: true, multigraph: true});
     d.setGraph({rankdir: "TB", nodesep: 24, ranksep: 36, edgesep: 8, marginx: 20, marginy: 20});
     d.setDefaultEdgeLabel(() => ({}));
@@ -173,6 +174,7 @@
       d.setEdge(e.source, e.target, {width: lbl ? lbl.length * 5.5 : 0, height: lbl ? 12 : 0, labelpos: "c"}, "e" + k);
     });
     dagre.layout(d);
+    document.body.dataset.layoutMs = String(Math.round(performance.now() - t0));
     layoutCache.set(cacheKey, d);
     return d;
   }
@@ -271,7 +273,7 @@
     }
     for (const sg of subgraphs) {
       const k = sg.kernels;
-      const txt = sg.name + "  " + (sg.error ? "failed at " + sg.failed_at :
+      const txt = sg.name + "  " + (sg.error ? (sg.failed_at === "timeout" ? "timed out" : "failed at " + sg.failed_at) :
         k.before + "\u2192" + k.after + " kernels, " + sg.trace_steps + " steps");
       const it = html("div", txt, list, "item" + (sg.error ? " error" : ""));
       if (state.view === sg.name) it.classList.add("current");
