@@ -96,6 +96,10 @@ class NodeCtx:
     def n_in(self) -> int:
         return len(self.node.input)
 
+    def inferred(self, name: str) -> TensorInfo | None:
+        """What shape inference says about an ONNX tensor (None if nothing static)."""
+        return self._infos.get(name) if name else None
+
     def info(self, name: str) -> TensorInfo:
         if name in self.b.tensors:
             return self.b.tensors[name]

@@ -112,18 +112,18 @@ def _runtime_input_reason(cx: NodeCtx) -> str | None:
 
 def _dynamic_output_reason(cx: NodeCtx) -> str | None:
     for name in cx.node.output:
-        if name and name not in cx._infos:
+        if name and cx.inferred(name) is None:
             return f"output '{name}' has no static shape (it depends on run-time data)"
     return None
 
 
 def _dtype_reason(cx: NodeCtx) -> str | None:
     for name in list(cx.node.input) + list(cx.node.output):
-        info = cx._infos.get(name) if name else None
+        info = cx.inferred(name)
         if info is not None and np.dtype(info.dtype) not in SUPPORTED_DTYPES:
             return f"tensor '{name}' has unsupported dtype {np.dtype(info.dtype).name}"
     return None
 
 
 def _shapes(cx: NodeCtx):
-    return [cx._infos[n].shape if n in cx._infos else None for n in cx.node.input]
+    return [cx.inferred(n).shape if cx.inferred(n) else None for n in cx.node.input]
