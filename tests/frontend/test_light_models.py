@@ -53,9 +53,9 @@ def _with_random_weights(model, rng):
         if node.op_type == "ConstantOfShape" and node.input[0] in inits:
             shape = tuple(int(d) for d in inits[node.input[0]])
             if len(shape) >= 2:
-                v = rng.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[1:]))
+                v = rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / np.prod(shape[1:])))
             else:
-                v = rng.uniform(0.5, 1.5, shape)
+                v = rng.uniform(0.5, 1.5, shape).astype(np.float32)
             new.append(numpy_helper.from_array(v.astype(np.float32), node.output[0]))
         else:
             keep.append(node)
