@@ -76,6 +76,44 @@ def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str 
     return choice
 
 
+def choose_plans(subgraphs, graph: BasicGraph, target: TargetSpec | str = "cuda", *, jobs: int = 1,
+                 **kw) -> list[PlanChoice]:
+    """choose_plan for every subgraph of a model: one search per distinct structural key (the
+    rest are cache hits), the distinct searches spread over `jobs` forked processes."""
+    from powerfusion.perfmodel import plancache
+    t = get_target(target) if isinstance(target, str) else target
+    keys = [plancache.structural_key(s, graph, t) for s in subgraphs]
+    first = list({k: i for i, k in reversed(list(enumerate(keys)))}.values())
+    if jobs > 1 and len(first) > 1 and kw.get("cache", True):
+        _search_in_pool([subgraphs[i] for i in first], graph, t, jobs, kw)
+    return [choose_plan(s, graph, t, **kw) for s in subgraphs]
+
+
+_POOL_ARGS: tuple = ()
+
+
+def _pool_task(k: int) -> None:
+    subs, graph, t, kw = _POOL_ARGS
+    choose_plan(subs[k], graph, t, **kw)   # stores the decision on disk for the parent
+
+
+def _search_in_pool(subs, graph, t, jobs, kw) -> None:
+    """Fork workers that inherit the (large) graph instead of pickling it; each writes its
+    decision to the disk cache, where the parent's choose_plan finds it."""
+    import multiprocessing as mp
+    global _POOL_ARGS
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:  # no fork on this platform: search in this process
+        return
+    _POOL_ARGS = (subs, graph, t, {**kw, "progress": False})
+    try:
+        with ctx.Pool(min(jobs, len(subs))) as pool:
+            pool.map(_pool_task, range(len(subs)), chunksize=1)
+    finally:
+        _POOL_ARGS = ()
+
+
 # ---- search -------------------------------------------------------------------------------
 
 @dataclass

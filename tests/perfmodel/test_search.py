@@ -114,3 +114,25 @@ def test_hip_target_plans_for_wavefronts(two_layernorms, cache):
     graph, (a, _) = two_layernorms
     pc = choose_plan(a, graph, "mi250", limit=4, beam=2)
     assert pc.graph.parallel.lanes == 64
+
+
+def test_choose_plans_searches_each_structure_once(two_layernorms, cache):
+    from powerfusion.perfmodel.search import choose_plans
+    graph, subs = two_layernorms
+    out = choose_plans(list(subs), graph, H100, jobs=2, limit=4, beam=2)
+    assert [c.source for c in out] == ["search", "memo"]   # one structure: one search, then renamed
+    assert out[0].labels == out[1].labels and out[0].graph.outputs != out[1].graph.outputs
+
+
+def test_choose_plans_spreads_distinct_structures_over_processes(cache):
+    nodes = [h.make_node("LayerNormalization", ["x1", "g", "b"], ["y1"], axis=-1),
+             h.make_node("Softmax", ["x2"], ["y2"], axis=-1)]
+    inits = [h.make_tensor(n, T.FLOAT, [N], np.ones(N, np.float32)) for n in ("g", "b")]
+    g = h.make_graph(nodes, "two", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
+                     [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    subs = partition(graph, "cuda").subgraphs
+    from powerfusion.perfmodel.search import choose_plans
+    out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
+    assert [c.source for c in out] == ["disk", "disk"]      # both searched in workers
+    assert len(list((cache / "plans").glob("*.pkl"))) == 2
