@@ -14,7 +14,6 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from powerfusion.errors import NodeError
 from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset, infer_shapes
 
 # ops whose output differs from run to run: never folded
@@ -111,9 +110,10 @@ def _try_fold(node, consts, shapes, opset):
     feeds = {i: consts[i] for i in node.input if i}
     try:
         return _evaluate(node, feeds, opset)
-    except Exception as e:
-        shapes_in = [tuple(np.shape(consts[i])) if i else None for i in node.input]
-        raise NodeError(node.name, node.op_type, opset, shapes_in, f"constant folding failed: {e}") from None
+    except Exception:
+        # the reference lacks the op or rejects the values: the node stays, and conversion
+        # either handles it or reports it (UnsupportedOpError / NodeError) with the others
+        return None
 
 
 def _evaluate(node, feeds, opset):
