@@ -32,8 +32,10 @@ TUNED = {("fp16", "int4"), ("bf16", "int4"), ("int8", "int2"), ("int8", "int4"),
 def variants(M, A, W):
     """(rows per warp, ksplit) candidates: the profiling step of hint-based scheduling."""
     if M == 1 and (A, W) in TUNED:
-        return [(None, None), (2, 1), (4, 1), (8, 1), (4, 4), (8, 4)]
-    return [(None, None)]
+        return [(None, None, None), (2, 1, None), (4, 1, None), (8, 1, None), (4, 4, None), (8, 4, None)]
+    if M > 1 and A != "int8":   # every path the scheduler chooses between
+        return [(None, None, k) for k in ("mma", "gemv", "dequant")]
+    return [(None, None, None)]
 
 
 def timed(launches, graph_len=24, replays=10):
@@ -91,11 +93,11 @@ def bench_cublas(M, N, K):
     return t, how, N * K * 2 + M * K * 2 + M * N * 2
 
 
-def bench_typed(M, N, K, A, W, zm, R=None, ks=None):
+def bench_typed(M, N, K, A, W, zm, R=None, ks=None, kernel=None):
     import cupy as cp
     from powerfusion.ttile.matmul import Matmul
     mm = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128, zeros_mode=zm,
-                out_dtype="fp16" if A == "int8" else A, rows_per_warp=R, ksplit=ks)
+                out_dtype="fp16" if A == "int8" else A, rows_per_warp=R, ksplit=ks, kernel=kernel)
     s = mm.spec
     words = N * s.K_pad * s.bits // 32
     ng = s.K_pad // s.group_size
@@ -134,6 +136,7 @@ def git_commit():
 
 def main(out_dir: str, quick: bool = False):
     import cupy as cp
+    from powerfusion.ttile.matmul import Matmul
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -149,20 +152,23 @@ def main(out_dir: str, quick: bool = False):
                              timing=how, bytes=bytes_c, frac_copy_bw=bytes_c / tc / bw, speedup=1.0))
             for A, W, zm in combos:
                 seen = set()
-                for R, ks in variants(M, A, W):
+                natural = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128, zeros_mode=zm,
+                                 out_dtype="fp16" if A == "int8" else A).kind
+                for R, ks, kern in variants(M, A, W):
                     try:
-                        t, how, nbytes, mm = bench_typed(M, N, K, A, W, zm, R, ks)
+                        t, how, nbytes, mm = bench_typed(M, N, K, A, W, zm, R, ks, kern)
                     except Exception as e:   # recorded, never hidden
-                        rows.append(dict(M=M, N=N, K=K, kernel="typed", A=A, W=W, zeros=zm, R=R, ksplit=ks,
+                        rows.append(dict(M=M, N=N, K=K, kernel=kern or "typed", A=A, W=W, zeros=zm, R=R, ksplit=ks,
                                          error=repr(e)[:300]))
                         continue
-                    if (mm.spec.R, mm.spec.ksplit) in seen:
+                    if (mm.spec.R, mm.spec.ksplit, mm.kind) in seen:
                         continue
-                    seen.add((mm.spec.R, mm.spec.ksplit))
-                    rows.append(dict(M=M, N=N, K=K, kernel="typed" if mm.fused else "dequant+cublas", A=A, W=W,
+                    seen.add((mm.spec.R, mm.spec.ksplit, mm.kind))
+                    rows.append(dict(M=M, N=N, K=K, kernel={"gemv": "typed", "mma": "typed-mma"}.get(mm.kind, "dequant+cublas"),
+                                     chosen=mm.kind == natural, A=A, W=W,
                                      zeros=zm, R=mm.spec.R, ksplit=mm.spec.ksplit, default=R is None, time_us=t * 1e6, timing=how, bytes=nbytes,
                                      frac_copy_bw=nbytes / t / bw, speedup=tc / t))
-                    print(f"M={M} N={N} K={K} {A}x{W}{'/' + zm if zm else ''} R={mm.spec.R} ks={mm.spec.ksplit}: {t * 1e6:.1f} us "
+                    print(f"M={M} N={N} K={K} {A}x{W}{'/' + zm if zm else ''} {mm.kind} R={mm.spec.R} ks={mm.spec.ksplit}: {t * 1e6:.1f} us "
                           f"({tc / t:.2f}x cuBLAS, {nbytes / t / bw:.0%} of copy BW)", flush=True)
             cp.get_default_memory_pool().free_all_blocks()
             _write(out, dev, bw, rows)   # after every shape, so a time-out keeps what was measured

@@ -9,10 +9,10 @@ import time
 
 def _sources():
     from powerfusion.ttile.matmul import Matmul
-    from tests.ttile.gpu_cases import gpu_matmuls, tiling_matmuls
+    from tests.ttile.gpu_cases import gpu_matmuls, path_matmuls, tiling_matmuls
     from benchmarks.ttile import bench
     seen = {}
-    for mm in list(gpu_matmuls()) + list(tiling_matmuls()):
+    for mm in list(gpu_matmuls()) + list(tiling_matmuls()) + list(path_matmuls()):
         seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     if "--bench" in sys.argv:
         quick = "--quick" in sys.argv
@@ -20,10 +20,10 @@ def _sources():
             combos = bench.M1_COMBOS if M == 1 else bench.BIG_COMBOS
             for N, K in (bench.SHAPES[:2] if quick else bench.SHAPES):
                 for A, W, zm in combos:
-                    for R, ks in bench.variants(M, A, W):
+                    for R, ks, kern in bench.variants(M, A, W):
                         mm = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128,
                                     zeros_mode=zm, out_dtype="fp16" if A == "int8" else A, rows_per_warp=R,
-                                    ksplit=ks)
+                                    ksplit=ks, kernel=kern)
                         seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     return list(seen.values())
 

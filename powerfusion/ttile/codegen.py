@@ -42,6 +42,7 @@ class KernelSpec:
     MT: int = 1              # activation rows per block
     warps: int = 4
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
+    N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
 
     @property
     def bits(self) -> int:
@@ -122,6 +123,11 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     abytes = 1 if a8 else 2
     ca = 4 * E * abytes                                   # activation bytes per lane chunk
     srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
+    mma = {}
+    if kind == "mma":
+        ks = 512 if bits == 1 else 256
+        mma = dict(ks=ks, mt16=max(1, min(-(-spec.M // 16), 4 if ks == 256 else 2)), K_pad=spec.K_pad,
+                   N_pad=spec.N_pad, mma_t="f16" if spec.A_dtype == "fp16" else "bf16")
     if kind == "dequant":   # M-independent: one kernel serves every large M
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
@@ -148,7 +154,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         a_vec=spec.K % (16 if a8 else 8) == 0,
         A_C="int8_t" if a8 else T, S_C="uint8_t" if spec.zmode == "mx" else "__half",
         Z_C="uint8_t" if spec.zmode != "original" and spec.zmode != "rescale" else "__half",
-        B_C=b_c, O_C=_CT[spec.out_dtype], bias=spec.with_bias, bias_load=bias_load,
+        B_C=b_c, O_C=_CT[spec.out_dtype], bias=spec.with_bias, bias_load=bias_load, **mma,
     )
     return name, _ENV.get_template("typed_gemv.cu.j2").render(**ctx)
 

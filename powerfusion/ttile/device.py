@@ -113,6 +113,7 @@ class Schedule:
     k_pad: int
     layout: str                 # natural | pair | dp4a: word layout chosen at pack time
     convert_at: str             # register (fused kernel) | global (dequantise pass + library GEMM)
+    kernel: str                 # gemv (CUDA cores) | mma (fused, tensor cores) | dequant (+ cuBLAS)
     transforms: tuple[Transform, ...]
     predicted_s: dict
 
@@ -143,7 +144,8 @@ def word_layout(W_dtype: str, unit: ComputeUnit) -> str:
 
 
 def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, group: int | None,
-                        arch: str = "sm_90", target: TargetSpec | str = "h200") -> Schedule:
+                        arch: str = "sm_90", target: TargetSpec | str = "h200",
+                        kernel: str | None = None) -> Schedule:
     """Algorithm 1 for one typed-GEMM tTile-operator. The convert placement is decided by
     a small model (the profiling step's stand-in): fuse the conversion into a CUDA-core
     kernel (weights cross HBM once, in low precision) or convert at the global level and
@@ -165,15 +167,30 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
     fused = max(N * k_pad * w.bits / 8 / bw + M * K * a_bytes / bw, flops / vec)
     tc = tgt.peak_flops.get({"fp16": "float16", "bf16": "bfloat16"}.get(A_dtype, "int8"), vec)
     two_pass = N * K * (w.bits / 8 + 2 * 2) / bw + max(flops / tc, (N * K + M * K + M * N) * 2 / bw)
-    convert_at = "register" if A_dtype == "int8" or fused <= two_pass else "global"
-    unit = select_unit(dev, A_dtype, W_dtype, tensor_cores=convert_at == "global")
-    layout = word_layout(W_dtype, unit) if convert_at == "register" else word_layout(
+    # fused on tensor cores: weights once from HBM, mma at a fraction of peak (dequantisation,
+    # ldmatrix and barriers share the warps); only where a 32-bit word stays in one group
+    mma_ok = A_dtype != "int8" and w.kind != "block" and M >= 16 and (g or K) >= 4 * (32 // w.bits)
+    fused_mma = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.15)) if mma_ok else math.inf
+    costs = {"gemv": fused, "mma": fused_mma, "dequant": math.inf if A_dtype == "int8" else two_pass}
+    if kernel is None:
+        kernel = min(costs, key=costs.get)
+    elif costs.get(kernel, math.inf) == math.inf:
+        raise ValueError(f"kernel {kernel!r} cannot run W={W_dtype} x A={A_dtype} at M={M}, group={g}")
+    if kernel == "mma":   # the mma kernel walks K in 256- or 512-element slabs
+        slab = 512 if w.bits == 1 else 256
+        step = math.lcm(slab, g) if g else slab
+        k_pad = -(-K // step) * step
+    convert_at = "global" if kernel == "dequant" else "register"
+    unit = select_unit(dev, A_dtype, W_dtype, tensor_cores=kernel != "gemv")
+    layout = word_layout(W_dtype, unit) if kernel != "dequant" else word_layout(
         W_dtype, select_unit(dev, A_dtype, W_dtype, tensor_cores=False))
     tr = [Transform("global", "slice", f"W[{N},{K}] -> rows x {k_tile}-element chunks (16 B per lane)")]
     if k_pad != K:
         tr.append(Transform("global", "pad", f"K {K} -> {k_pad} (chunk {k_tile}, group {g or 'per-channel'})"))
     if layout != "natural":
         tr.append(Transform("global", "map", f"{layout} interleave inside 32-bit words (pack time)"))
+    if kernel == "mma":
+        tr.append(Transform("global", "map", "8-row tiles: each lane's 16 bytes hold its mma B fragments"))
     tr.append(Transform(convert_at, "convert", f"{W_dtype} -> {unit.operand} ({unit.name})"))
-    return Schedule(unit, hint, k_tile, k_pad, layout, convert_at, tuple(tr),
-                    {"fused_s": fused, "dequant_then_library_s": two_pass})
+    return Schedule(unit, hint, k_tile, k_pad, layout, convert_at, kernel, tuple(tr),
+                    {"fused_cuda_core_s": fused, "fused_mma_s": fused_mma, "dequant_then_library_s": two_pass})

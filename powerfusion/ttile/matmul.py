@@ -2,12 +2,14 @@
 packing, a numpy reference and a generated CUDA kernel (CuPy imported lazily)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import codegen
-from .quant import QuantizedWeight, dequantize, normalize_group, pack_words, quantize, unpack_words
+from .quant import (QuantizedWeight, dequantize, normalize_group, pack_mma, pack_words, quantize,
+                    unpack_mma, unpack_words)
 from .device import schedule_typed_gemm
 from .ttype import get_ttype
 
@@ -40,7 +42,7 @@ class Matmul:
                  accum_dtype: str | None = None, out_dtype: str | None = None,
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
-                 arch: str = "sm_90", target: str = "h200"):
+                 arch: str = "sm_90", target: str = "h200", kernel: str | None = None):
         if A_dtype not in codegen.KERNEL_WTYPES:
             raise ValueError(f"A_dtype must be one of {sorted(codegen.KERNEL_WTYPES)}, got {A_dtype!r}")
         if W_dtype not in codegen.KERNEL_WTYPES[A_dtype]:
@@ -61,7 +63,7 @@ class Matmul:
             raise ValueError("int8-activation kernels take symmetric signed weights (zeros_mode=None)")
         self.wtype = tt
         G = normalize_group(None if (a8 and out_dtype == "int32") else group_size, K, tt)
-        self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target)
+        self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel)
         K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
         R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit)
@@ -69,8 +71,11 @@ class Matmul:
                                        zeros_mode, with_bias, R, MT, ksplit=ks)
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
-        self.fused = self.schedule.convert_at == "register"
-        self.name, self.source = codegen.render(self.spec, "gemv" if self.fused else "dequant")
+        self.kind = self.schedule.kernel
+        self.fused = self.kind != "dequant"
+        if self.kind == "mma":
+            self.spec = dataclasses.replace(self.spec, N_pad=-(-N // 8) * 8)
+        self.name, self.source = codegen.render(self.spec, self.kind)
         self._fn = None
 
     # ---- host side ----
@@ -93,19 +98,21 @@ class Matmul:
         if self.spec.with_bias != (bias is not None):
             raise ValueError(f"with_bias={self.spec.with_bias} but bias {'missing' if bias is None else 'given'}")
         s = self.spec
-        codes = np.zeros((N, s.K_pad), np.uint8)
-        codes[:, :K] = qw.codes
+        rows = s.N_pad if self.kind == "mma" else N
+        codes = np.zeros((rows, s.K_pad), np.uint8)
+        codes[:N, :K] = qw.codes
         ng = s.K_pad // s.group_size
         int_out = s.A_dtype == "int8" and s.out_dtype == "int32"
         # int32 output is the raw integer accumulator: scales (if any) are the caller's to apply
-        scale_p = _pad_groups(qw.scale, ng) if qw.scale is not None and not int_out else None
-        zeros_p = _pad_groups(qw.zeros, ng) if qw.zeros is not None else None
+        scale_p = _pad_groups(qw.scale, ng, rows) if qw.scale is not None and not int_out else None
+        zeros_p = _pad_groups(qw.zeros, ng, rows) if qw.zeros is not None else None
         if scale_p is None and not int_out:
             raise ValueError("this kernel needs scales")
         bdt = np.float32 if s.A_dtype == "int8" and s.out_dtype != "int32" else \
             np.int32 if s.out_dtype == "int32" else _np_dtype(s.A_dtype)
         b = None if bias is None else np.asarray(bias).astype(bdt).reshape(N)
-        return PackedWeight(pack_words(codes, s.bits, s.layout), scale_p, zeros_p, b, s.layout, K)
+        words = pack_mma(codes, s.bits, s.layout) if self.kind == "mma" else pack_words(codes, s.bits, s.layout)
+        return PackedWeight(words, scale_p, zeros_p, b, s.layout, K)
 
     def _from_codes(self, w, scale, zeros) -> QuantizedWeight:
         tt = self.wtype
@@ -128,10 +135,13 @@ class Matmul:
     def unpack(self, packed: PackedWeight) -> QuantizedWeight:
         """Packed layout -> QuantizedWeight (bit-exact inverse of pack)."""
         s = self.spec
-        codes = unpack_words(packed.words, s.bits, packed.layout)[:, :self.K]
+        if self.kind == "mma":
+            codes = unpack_mma(packed.words, s.bits, packed.layout, s.N_pad, s.K_pad)[:self.N, :self.K]
+        else:
+            codes = unpack_words(packed.words, s.bits, packed.layout)[:, :self.K]
         ng = -(-self.K // s.group_size)
         G = s.group_size if self.group_size else self.K
-        cut = (lambda x: None if x is None else x[:, :ng])
+        cut = (lambda x: None if x is None else x[:self.N, :ng])
         return QuantizedWeight(s.W_dtype, codes, cut(packed.scale), cut(packed.zeros), G, s.zeros_mode)
 
     def reference(self, A: np.ndarray, packed: PackedWeight) -> np.ndarray:
@@ -152,6 +162,9 @@ class Matmul:
     # ---- device side ----
     def launch_config(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         s = self.spec
+        if self.kind == "mma":
+            mt16 = max(1, min(-(-s.M // 16), 2 if s.bits == 1 else 4))
+            return (-(-s.N_pad // (8 * s.warps)), -(-s.M // (16 * mt16)), 1), (32 * s.warps, 1, 1)
         if self.fused:
             rows = s.R * (s.warps if s.ksplit == 1 else 1)
             return (-(-s.N // rows), -(-s.M // s.MT), 1), (32 * s.warps, 1, 1)
@@ -207,7 +220,7 @@ def _or(x, y):
     return y if x is None else x
 
 
-def _pad_groups(x: np.ndarray, ng: int) -> np.ndarray:
-    out = np.zeros((x.shape[0], ng), x.dtype)
-    out[:, :x.shape[1]] = x
+def _pad_groups(x: np.ndarray, ng: int, rows: int) -> np.ndarray:
+    out = np.zeros((rows, ng), x.dtype)
+    out[:x.shape[0], :x.shape[1]] = x
     return out

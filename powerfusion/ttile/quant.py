@@ -199,3 +199,38 @@ def unpack_words(words: np.ndarray, bits: int, layout: str) -> np.ndarray:
     out = np.empty_like(slots)
     out[..., word_permutation(bits, layout)] = slots
     return out.reshape(N, W * E).astype(np.uint8 if bits <= 8 else np.uint32)
+
+
+def mma_element_order(bits: int) -> np.ndarray:
+    """For the tensor-core kernel: (row, k) of each element in one lane's 16-byte chunk,
+    relative to its 8-row tile and 16E-wide K chunk, in word element order.
+    Pair p = 2*step + which holds W[g, 16*step + 2t + 8*which + {0, 1}] (the mma B fragment)."""
+    E = 32 // bits
+    lane = np.arange(32)[:, None, None]
+    p = np.arange(2 * E)[None, :, None]
+    e = np.arange(2)[None, None, :]
+    g, t = lane // 4, lane % 4
+    k = 16 * (p // 2) + 2 * t + 8 * (p % 2) + e
+    return np.broadcast_to(g, k.shape).reshape(32, 4 * E), k.reshape(32, 4 * E)
+
+
+def pack_mma(codes: np.ndarray, bits: int, layout: str) -> np.ndarray:
+    """Codes [N, K] (N a multiple of 8, K of 16*32/bits) -> uint32 words ordered
+    [N/8 tiles][K/(16E) chunks][32 lanes][4 words], each word in `layout`."""
+    N, K = codes.shape
+    E = 32 // bits
+    rows, ks = mma_element_order(bits)
+    c = codes.reshape(N // 8, 8, K // (16 * E), 16 * E)
+    chunk = c[:, rows, :, ks]                          # [32, 4E, tiles, chunks]
+    chunk = chunk.transpose(2, 3, 0, 1).reshape(-1, E)  # words in element order
+    return pack_words(chunk, bits, layout).reshape(-1)
+
+
+def unpack_mma(words: np.ndarray, bits: int, layout: str, N: int, K: int) -> np.ndarray:
+    """Inverse of pack_mma."""
+    E = 32 // bits
+    elems = unpack_words(words.reshape(-1, 1), bits, layout).reshape(N // 8, K // (16 * E), 32, 4 * E)
+    rows, ks = mma_element_order(bits)
+    out = np.empty((N // 8, 8, K // (16 * E), 16 * E), elems.dtype)
+    out[:, rows, :, ks] = elems.transpose(2, 3, 0, 1)
+    return out.reshape(N, K)

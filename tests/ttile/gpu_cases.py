@@ -31,3 +31,15 @@ def tiling_matmuls():
             for M, K in ((1, 4096 + 96), (3, 1000)):
                 yield Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
                              rows_per_warp=R, ksplit=ks)
+
+
+PATH_COMBOS = [("fp16", "int4", None, "fp16"), ("bf16", "uint4", "original", "bf16"), ("fp16", "uint2", "rescale", "fp32"),
+               ("fp16", "nf4", None, "fp16"), ("bf16", "fp8_e4m3", None, "bf16"), ("fp16", "uint8", "quantized", "fp16")]
+
+
+def path_matmuls():
+    for a, w, zm, out in PATH_COMBOS:
+        for kernel in ("mma", "gemv", "dequant"):
+            for M, K in ((16, 1000), (40, 520), (64, 256)):
+                yield Matmul(M, 72, K, a, w, out_dtype=out, group_size=64, zeros_mode=zm, with_bias=True,
+                             kernel=kernel)

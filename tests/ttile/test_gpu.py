@@ -11,7 +11,7 @@ import pytest
 from powerfusion.ttile.codegen import combinations
 from tests.conftest import gpu_missing_reason
 
-from .gpu_cases import GPU_K, GPU_M, GPU_N, TILING_COMBOS, TILINGS, group_for
+from .gpu_cases import GPU_K, GPU_M, GPU_N, PATH_COMBOS, TILING_COMBOS, TILINGS, group_for
 
 pytestmark = pytest.mark.gpu
 TOL = {"fp16": 5e-3, "bf16": 3e-2, "int8": 2e-3}
@@ -85,3 +85,14 @@ def test_tilings(combo, tiling):
         mm = Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
                     rows_per_warp=tiling[0], ksplit=tiling[1])
         check(mm, np.random.default_rng(K + tiling[0]))
+
+
+@pytest.mark.parametrize("combo", PATH_COMBOS, ids=lambda c: "-".join(str(x) for x in c))
+@pytest.mark.parametrize("kernel", ["mma", "gemv", "dequant"])
+def test_every_path_at_small_m(combo, kernel):
+    """The fused CUDA-core, fused tensor-core and dequantise + cuBLAS paths agree."""
+    from powerfusion.ttile.matmul import Matmul
+    a, w, zm, out = combo
+    for M, K in ((16, 1000), (40, 520), (64, 256)):
+        mm = Matmul(M, 72, K, a, w, out_dtype=out, group_size=64, zeros_mode=zm, with_bias=True, kernel=kernel)
+        check(mm, np.random.default_rng(M))

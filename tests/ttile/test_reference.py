@@ -67,3 +67,17 @@ def test_pack_from_integer_values_and_scales():
     w = vals * np.repeat(scale.astype(np.float32), 32, 1)
     np.testing.assert_array_equal(mm.reference(A, packed),
                                   (A.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float16))
+
+
+@pytest.mark.parametrize("kernel", ["mma", "dequant", "gemv"])
+@pytest.mark.parametrize("wtype,zm", [("int4", None), ("uint2", "rescale"), ("nf4", None), ("fp8_e4m3", None)])
+def test_every_path_packs_and_references_alike(kernel, wtype, zm):
+    rng = np.random.default_rng(5)
+    mm = Matmul(16, 20, 300, "fp16", wtype, group_size=64, zeros_mode=zm, kernel=kernel)
+    assert mm.kind == kernel
+    qw = mm.quantize(rng.standard_normal((20, 300)).astype(np.float32))
+    packed = mm.pack(qw)
+    np.testing.assert_array_equal(mm.unpack(packed).codes, qw.codes)
+    A = rng.standard_normal((16, 300)).astype(np.float16)
+    plain = (A.astype(np.float64) @ dequantize(qw).astype(np.float64).T).astype(np.float16)
+    np.testing.assert_array_equal(mm.reference(A, packed), plain)

@@ -72,3 +72,34 @@ def test_schedule_places_convert_by_cost():
     odd = schedule_typed_gemm(1, 64, 1000, "fp16", "int4", 128)
     assert odd.k_pad == 1024 and any(t.kind == "pad" for t in odd.transforms)
     assert [t.kind for t in small.transforms][-1] == "convert"
+
+
+@pytest.mark.parametrize("wtype,layout", [("int4", "pair"), ("int2", "pair"), ("int8", "pair"), ("nf4", "natural")])
+def test_mma_pack_feeds_the_fragments(wtype, layout):
+    """Emulate the tensor-core kernel's reading order on the packed words: for each lane,
+    word and k16 step, the two pairs it hands to mma as B must be W[g, k0+2t(+1)] and
+    W[g, k0+2t+8(+9)]; summing fragment products reproduces A @ W^T exactly."""
+    from powerfusion.ttile.quant import pack_mma, unpack_words
+    from powerfusion.ttile.ttype import get_ttype
+    bits = get_ttype(wtype).bits
+    E = 32 // bits
+    N, K, M = 16, 32 * E, 3
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, (N, K)).astype(np.uint8)
+    A = rng.integers(-3, 4, (M, K)).astype(np.int64)
+    words = pack_mma(codes, bits, layout).reshape(N // 8, K // (16 * E), 32, 4)
+    C = np.zeros((M, N), np.int64)
+    for nt in range(N // 8):
+        for kc in range(K // (16 * E)):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                elems = unpack_words(words[nt, kc, lane].reshape(4, 1), bits, layout).reshape(4, E)
+                for wi in range(4):
+                    pairs = elems[wi].reshape(E // 2, 2)       # pair i = elements 2i, 2i+1
+                    for st in range(E // 4):
+                        k0 = kc * 16 * E + (wi * (E // 4) + st) * 16
+                        for which in range(2):
+                            ks = k0 + 2 * t + 8 * which + np.arange(2)
+                            np.testing.assert_array_equal(pairs[2 * st + which], codes[nt * 8 + g, ks])
+                            C[:, nt * 8 + g] += A[:, ks] @ pairs[2 * st + which].astype(np.int64)
+    np.testing.assert_array_equal(C, A @ codes.T.astype(np.int64))
