@@ -34,10 +34,10 @@ def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.
         onnx.checker.check_model(skeleton)
     except Exception as e:  # checker raises ValidationError and friends
         raise ModelError(f"{where} is not a valid ONNX model: onnx.checker says: {_first_line(e)}") from None
-    upgraded = _check_opset(proto, where)
-    if upgraded is not proto:
-        proto = upgraded
-        skeleton, weights = _skeleton(proto)
+    upgraded = _check_opset(skeleton, where)
+    if upgraded is not skeleton:  # upgraded without the weights; they stay where they are
+        _adopt(proto, upgraded, weights)
+        skeleton = upgraded
     _fix_input_shapes(proto, shapes or {}, where, weights)
     _fix_input_shapes(skeleton, shapes or {}, where, weights)
     _annotate(proto, _infer(skeleton, where))
@@ -96,6 +96,23 @@ def _copy_fields(src, dst, skip: str) -> None:
             getattr(dst, fd.name).CopyFrom(value)
         else:
             setattr(dst, fd.name, value)
+
+
+def _adopt(proto: onnx.ModelProto, converted: onnx.ModelProto, weights: set[str]) -> None:
+    """Take everything but the large initializers from a converted skeleton."""
+    g, cg = proto.graph, converted.graph
+    listed = {vi.name for vi in g.input}
+    inputs = [vi for vi in cg.input if vi.name not in weights or vi.name in listed]
+    for field, values in (("node", cg.node), ("input", inputs), ("output", cg.output),
+                          ("value_info", cg.value_info)):
+        del getattr(g, field)[:]
+        getattr(g, field).extend(values)
+    for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in weights]):
+        del g.initializer[i]
+    g.initializer.extend(cg.initializer)
+    del proto.opset_import[:]
+    proto.opset_import.extend(converted.opset_import)
+    proto.ir_version = converted.ir_version
 
 
 def _annotate(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
