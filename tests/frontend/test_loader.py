@@ -106,3 +106,17 @@ def test_unsupported_ops_all_listed():
     assert names == ["first_bad", "wrap_pad", "custom", "second_bad"]
     msg = str(e.value)
     assert "Hardmax" in msg and "opset 19" in msg and "'wrap'" in msg and "com.example" in msg and "(2, 3)" in msg
+
+
+def test_old_opset_with_large_weights_upgrades_and_runs():
+    """Opset 9 Slice (attributes) becomes opset 11 Slice (inputs) while a 256 KiB weight
+    stays out of the conversion; the numbers still match onnxruntime."""
+    from fe_helpers import check
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    w = rng.standard_normal((256, 256)).astype(np.float32)
+    nodes = [helper.make_node("Slice", ["x"], ["s"], starts=[1], ends=[3], axes=[0]),
+             helper.make_node("MatMul", ["s", "w"], ["y"])]
+    model = make_model(None, {"x": x}, {"w": w}, nodes=nodes, opset=9)
+    graph = check(model, {"x": x}, rtol=1e-4, atol=1e-4)
+    assert graph.opset == 11 and graph.constants["w"].shape == (256, 256)
