@@ -71,3 +71,23 @@ def test_search_and_details_with_awkward_names(tmp_path):
     dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition&node=relu%3C%2Fscript%3E%3Cb%3Eadd")
     assert console == []
     assert "<b>add" not in dom and "relu&lt;/script&gt;&lt;b&gt;add" in dom
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["shufflenet_small"])
+def test_bundled_model_page(name, tmp_path):
+    """A committed model end to end (default template choice, to keep it to a minute or so)."""
+    import os
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "models", "small", f"{name}.onnx")
+    path = tmp_path / f"{name}.html"
+    data = write(model, str(path), target="cuda", search=False, timeout=300)
+    failed = [(s["name"], s["failed_at"], s["error"]) for s in data["subgraphs"] if s["error"]]
+    assert not failed, failed
+    dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition")
+    assert console == [] and _attrs(dom)["nodes"] == str(len(re.findall(r'<g class="node[ "]', dom)))
+    sg = max(data["subgraphs"], key=lambda s: s["trace_steps"])
+    for step in (0, len(sg["stages"]) - 1):
+        dom, console = chromium.dump_dom(f"{path.as_uri()}#view={sg['name']}&step={step}")
+        assert console == []
+        drawn = len(re.findall(r'<g class="node[ "]', dom))
+        assert drawn == int(_attrs(dom)["nodes"]) > 0
