@@ -8,16 +8,18 @@ modules that produce plans (templates, lowering, rewrites, this model), so a cod
 invalidates old decisions.
 
 A hit holds the plan (template label per op), its merged graph and its optimised graph
-as built for some *other* subgraph. We re-lower the labels under this subgraph's names
-(cheap), pair the two merged graphs' buffers by position, check that renaming makes the
-old merged graph equal to the new one, and rename the optimised graph the same way;
-buffers that rewrites created (`x_pre`, `x_block`) follow their stem's new name.
+as built for some *other* subgraph, with the names that subgraph gave its tensors and
+template-local buffers in structural order. Pairing them with this subgraph's names
+gives a renaming; template-local buffers (`<subgraph>_<node>_<suffix>`) and buffers the
+rewrites created (`x_pre`, `x_block`) follow their prefix. Renaming costs far less than
+lowering again (which builds every template candidate); tests check that it yields
+exactly what lowering and rewriting this subgraph with the same choice would.
 """
 from __future__ import annotations
 
 import hashlib
 import pickle
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,8 +30,8 @@ from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, binop, s
 from powerfusion.gir.ir import GIRGraph, GOp, MemorySlice
 from powerfusion.perfmodel.specs import TargetSpec
 
-FORMAT = 1
-_MEMO: dict[str, object] = {}   # key -> PlanChoice (with its graphs as built for the first subgraph seen)
+FORMAT = 2
+_MEMO: dict[str, tuple] = {}   # key -> (PlanChoice as built for the first subgraph seen, its _Names)
 _CODE_DIRS = ("gir", "templates", "rewrite", "perfmodel")
 
 
@@ -76,90 +78,112 @@ def _path(key: str) -> Path:
     return Path(options.current().cache_dir) / "plans" / f"{key}.pkl"
 
 
+@dataclass(frozen=True)
+class _Names:
+    """How a subgraph names things, in structural order: GLOBAL buffer per tensor, the
+    local-buffer stem per basic node, the node names (gOperator origins)."""
+    tensors: tuple[str, ...]
+    stems: tuple[str, ...]
+    nodes: tuple[str, ...]
+    graph: str
+
+
+def _names(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> _Names:
+    from powerfusion.gir.lower import _Plan
+    from powerfusion.templates.common import sanitize
+    plan = _Plan(sub, graph, t)
+    order = list(dict.fromkeys(x for n in sub.nodes for x in n.inputs + n.outputs))
+    prefix = sanitize(sub.name)
+    return _Names(tuple(plan.names[x] for x in order), tuple(sanitize(f"{prefix}_{n.name}") for n in sub.nodes),
+                  tuple(n.name for n in sub.nodes), prefix)
+
+
 def store(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, choice) -> None:
-    _MEMO[key] = choice
+    entry = (choice, _names(sub, graph, t))
+    _MEMO[key] = entry
     path = _path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         slim = replace(choice, graph=_no_constants(choice.graph), merged=_no_constants(choice.merged), trace=())
         tmp = path.with_suffix(f".tmp{id(choice)}")
-        tmp.write_bytes(pickle.dumps((FORMAT, slim), protocol=pickle.HIGHEST_PROTOCOL))
+        tmp.write_bytes(pickle.dumps((FORMAT, (slim, entry[1])), protocol=pickle.HIGHEST_PROTOCOL))
         tmp.replace(path)
     except OSError:
         pass  # a read-only cache directory costs a warm start, nothing else
 
 
 def lookup(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, want_measured: bool = False):
-    cached, source = _MEMO.get(key), "memo"
-    if cached is None:
+    entry, source = _MEMO.get(key), "memo"
+    if entry is None:
         path = _path(key)
         if not path.exists():
             return None
         try:
-            fmt, cached = pickle.loads(path.read_bytes())
-        except Exception:
+            fmt, entry = pickle.loads(path.read_bytes())
+        except Exception:  # a truncated or foreign file is a miss, not an error
             return None
         if fmt != FORMAT:
             return None
-        _MEMO[key] = cached
+        _MEMO[key] = entry
         source = "disk"
-    if want_measured and cached.measured_s is None:
+    choice, names = entry
+    if want_measured and choice.measured_s is None:
         return None
-    rebound = rebind(cached, sub, graph, t)
+    rebound = rebind(choice, names, sub, graph, t)
     if rebound is None:
         return None
     return replace(rebound, source=source)
 
 
-def rebind(choice, sub: Subgraph, graph: BasicGraph, t: TargetSpec):
+def rebind(choice, old: _Names, sub: Subgraph, graph: BasicGraph, t: TargetSpec):
     """The cached choice under this subgraph's names, or None when it does not carry over."""
-    from powerfusion.gir.lower import LowerError, _Plan, lower_subgraph
-    plan = _Plan(sub, graph, t)
-    if len(plan.nodes) != len(choice.labels):
+    new = _names(sub, graph, t)
+    if len(new.tensors) != len(old.tensors) or len(new.stems) != len(old.stems):
         return None
-    picked = {}
-    try:
-        for node, label in zip(plan.nodes, choice.labels):
-            match = [c for c in plan.candidates(node) if c.label == label]
-            if not match:
-                return None
-            picked[node.name] = match[0]
-        merged = lower_subgraph(sub, graph, picked, t)
-    except LowerError:
-        return None
-    old = choice.merged
-    if merged.name == old.name and merged.buffers == old.buffers and merged.ops == old.ops:
-        graph_opt = replace(choice.graph, constants=merged.constants)
-        return replace(choice, graph=graph_opt, merged=merged)
-    if len(old.buffers) != len(merged.buffers):
-        return None
-    mapping = {}
-    for a, b in zip(old.buffers, merged.buffers):
-        if (a.level, a.size, a.dtype) != (b.level, b.size, b.dtype):
+    if new == old and choice.graph.constants:
+        return choice
+    mapping: dict[str, str] = {}
+    for a, b in zip(old.tensors, new.tensors):
+        if mapping.setdefault(a, b) != b:
             return None
-        mapping[a.name] = b.name
-    nodes = {a: b for (a, _), (b, _) in zip(old.templates, merged.templates)}
-    if rename(old, mapping, nodes).ops != merged.ops:
-        return None
-    full = _extend(mapping, [b.name for b in choice.graph.buffers])
+    stems = dict(zip(old.stems, new.stems))
+    nodes = dict(zip(old.nodes, new.nodes))
+    everything = [b.name for b in choice.graph.buffers] + [b.name for b in choice.merged.buffers]
+    full = _extend(mapping, stems, everything)
     if full is None:
         return None
-    opt = replace(rename(choice.graph, full, nodes), name=merged.name, templates=merged.templates,
-                  constants=merged.constants)
+    consts = tuple((n, graph.constants[x]) for x, n in _constant_names(sub, graph, t))
+    templates = tuple((nodes.get(n, n), label) for n, label in choice.merged.templates)
+
+    def move(g: GIRGraph) -> GIRGraph:
+        return replace(rename(g, full, nodes), name=new.graph, templates=templates, constants=consts)
+
+    opt, merged = move(choice.graph), move(choice.merged)
+    expect_in = {full.get(x, x) for x in choice.graph.inputs}
+    if set(opt.inputs) != expect_in or len({b.name for b in opt.buffers}) != len(opt.buffers):
+        return None
     return replace(choice, graph=opt, merged=merged, trace=())
 
 
-def _extend(mapping: dict[str, str], names) -> dict[str, str] | None:
-    """Names created by rewrites are `<old name>_<suffix>`: map them by their longest known stem."""
+def _constant_names(sub: Subgraph, graph: BasicGraph, t: TargetSpec):
+    from powerfusion.gir.lower import _Plan
+    plan = _Plan(sub, graph, t)
+    return [(x, plan.names[x]) for x in dict.fromkeys(sub.inputs) if x in graph.constants]
+
+
+def _extend(mapping: dict[str, str], stems: dict[str, str], names) -> dict[str, str] | None:
+    """Template-local buffers are `<node stem>_<suffix>`, buffers created by rewrites
+    `<old name>_<suffix>`: map each by its longest known prefix."""
     out = dict(mapping)
-    stems = sorted(mapping, key=len, reverse=True)
+    prefixes = {**stems, **mapping}
+    order = sorted(prefixes, key=len, reverse=True)
     for n in names:
         if n in out:
             continue
-        stem = next((s for s in stems if n.startswith(s + "_")), None)
+        stem = next((p for p in order if n.startswith(p + "_")), None)
         if stem is None:
             return None
-        out[n] = mapping[stem] + n[len(stem):]
+        out[n] = prefixes[stem] + n[len(stem):]
     if len(set(out.values())) != len(out):
         return None
     return out
