@@ -14,7 +14,8 @@ Data flow, by walking the schedule and evaluating every slice with numpy:
   BLOCK for the same group, DEVICE otherwise). Register data crossing lanes is exempt
   where the reader is a reduce or broadcast (they exchange lanes themselves) or the
   writer is a reduce over width (its result is replicated across the lanes);
-* no gOperator writes one element from two units;
+* no gOperator writes one element from two units, and no unit overwrites a SHARED or
+  GLOBAL element another unit read since its last write without a sync ordering the two;
 * every element of every graph output is written.
 
 Huge graphs: when evaluating all units (their largest slice, or their register and shared

@@ -20,6 +20,8 @@ class _State:
         self.unit = np.zeros(rows * size, dtype=np.int32)
         self.lane = np.zeros(rows * size, dtype=np.int16)
         self.repl = np.zeros(rows * size, dtype=bool)
+        self.read_op = np.full(rows * size, -1, dtype=np.int32)   # last op that read the element
+        self.reader = np.zeros(rows * size, dtype=np.int32)       # and one unit that did
 
 
 class _Flow:
@@ -129,6 +131,9 @@ class _Flow:
             self._read_loaded(k, op, s.buffer)
             return
         flat, addr, ru, rl = pos
+        if s.level != Level.REGISTER:
+            st.read_op[flat] = k
+            st.reader[flat] = ru
         wop = st.op[flat]
         unwritten = wop == _UNWRITTEN
         if np.any(unwritten) and not (self.sampled and s.level == Level.GLOBAL):
@@ -180,11 +185,30 @@ class _Flow:
                 e = order[1:][clash][0]
                 self.fail(k, op, f"element {addr[e]} of '{s.buffer}' is written by several units in one gOperator")
         st = self.state[s.buffer]
+        if s.level != Level.REGISTER:
+            self._check_overwrite(k, op, s, st, flat, addr, wu)
         st.op[flat] = k
         st.unit[flat] = wu
         st.lane[flat] = wl
         st.repl[flat] = isinstance(op.args, Reduce) and op.args.over == "width"
         self.last_write[s.buffer] = k
+
+
+    def _check_overwrite(self, k, op, s, st, flat, addr, wu):
+        """Write after read: an element another unit read since its last write may only be
+        overwritten after a sync that orders that read (BLOCK within the group, else DEVICE)."""
+        rop = st.read_op[flat]
+        live = (rop >= 0) & (rop > st.op[flat]) & (st.reader[flat] != wu)
+        if not np.any(live):
+            return
+        G = self.P.units_per_group
+        need = np.where(st.reader[flat] // G != wu // G, Scope.DEVICE, Scope.BLOCK)
+        last = np.array([self.last_sync[sc] for sc in Scope])
+        bad = live & (last[need] < rop)
+        if np.any(bad):
+            e = np.flatnonzero(bad)[0]
+            self.fail(k, op, f"unit {wu[e]} overwrites element {addr[e]} of '{s.buffer}' that unit "
+                             f"{st.reader[flat][e]} read at op {rop[e]}, with no {Scope(need[e]).label} sync between")
 
 
 def _loaded(s: MemorySlice) -> frozenset[str]:

@@ -189,3 +189,13 @@ def test_needed_scope_shared_and_register():
 def test_needed_scope_structural_beyond_cap():
     assert needed_scope(chunk(), UNITS, chunk(), UNITS, P, cap=10) == Scope.LANE
     assert needed_scope(chunk(), UNITS, chunk(vec=1), UNITS, P, cap=10) == Scope.DEVICE
+
+
+def test_overwrite_after_another_units_read_needs_sync():
+    """Write after read: unit u reads its neighbour's chunk of T, then T is rewritten."""
+    g = relu_add(shift=1)
+    t_write = g.ops[2]
+    ops = list(g.ops) + [replace(t_write, inputs=(g.ops[-1].inputs[0],))]
+    with pytest.raises(GIRVerifyError, match="overwrites element"):
+        verify(g.with_ops(ops))
+    verify(g.with_ops(list(g.ops) + [GOp(Sync(Scope.DEVICE), (), ()), ops[-1]]))
