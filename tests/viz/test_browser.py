@@ -64,6 +64,18 @@ def test_stepping_changes_the_picture(page, tmp_path):
     assert a != b
 
 
+def test_search_by_node_and_buffer_name(page):
+    path, data = page
+    dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition&q=transpose")
+    assert console == [] and _attrs(dom)["matches"] == "1"
+    assert len(re.findall(r'<g class="node[^"]*match', dom)) == 1
+    merged = next(k for k, s in enumerate(data["subgraphs"][0]["stages"]) if s["kind"] == "merged")
+    ops = data["subgraphs"][0]["stages"][merged]["gir"]["ops"]
+    users = [op for op in ops if any(s["buffer"] == "cat" for s in op["inputs"] + op["outputs"])]
+    dom, console = chromium.dump_dom(f"{path.as_uri()}#view=sg0&step={merged}&q=cat")
+    assert console == [] and int(_attrs(dom)["matches"]) >= len(users) > 0
+
+
 def test_search_and_details_with_awkward_names(tmp_path):
     """A node name containing '</script>' neither breaks the page nor runs as markup."""
     path = tmp_path / "relu_add.html"

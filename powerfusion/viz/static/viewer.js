@@ -65,12 +65,14 @@
     if (isNaN(step)) step = 0;
     state.step = Math.max(0, Math.min(step, Math.max(n - 1, 0)));
     state.node = p.get("node");
+    state.search = p.get("q") || "";
   }
   function writeHash() {
     const p = new URLSearchParams();
     p.set("view", state.view);
     if (state.view !== "partition") p.set("step", String(state.step));
     if (state.node !== null && state.node !== undefined) p.set("node", state.node);
+    if (state.search) p.set("q", state.search);
     const h = "#" + p.toString();
     if (location.hash !== h) history.replaceState(null, "", h);
   }
@@ -380,10 +382,12 @@
 
   // ---- search --------------------------------------------------------------------------
   function search(g, d) {
+    if ($("search").value !== state.search) $("search").value = state.search;
     const q = state.search.trim().toLowerCase();
     const res = $("results");
     res.innerHTML = "";
     document.querySelectorAll(".node, .edge").forEach((e) => e.classList.remove("dim", "match"));
+    document.body.dataset.matches = "0";
     if (!q || !g) return;
     const hits = g.nodes.filter((n) => n.search.some((s) => s && String(s).toLowerCase().includes(q)));
     const hitIds = new Set(hits.map((n) => n.id));
@@ -391,6 +395,7 @@
     document.querySelectorAll(".edge").forEach((e) => {
       if (!(hitIds.has(e.dataset.source) || hitIds.has(e.dataset.target))) e.classList.add("dim");
     });
+    document.body.dataset.matches = String(hits.length);
     html("div", hits.length + " match(es) here", res, "muted");
     for (const n of hits.slice(0, 100)) {
       const it = html("div", n.label + "  " + (n.sub || ""), res, "item");
@@ -436,7 +441,8 @@
 
   function wire() {
     $("title").textContent = DATA.model + " \u2014 " + (DATA.target || "GIR");
-    $("search").oninput = (e) => { state.search = e.target.value; render(); };
+    $("search").value = state.search;
+    $("search").oninput = (e) => go({search: e.target.value});
     $("labels").onchange = (e) => { state.labels = e.target.checked; render(); };
     $("fit").onclick = () => { const k = currentKey(); for (const [ck, d] of layoutCache) if (ck.startsWith(k + "|")) fit(d, true); };
     $("expand").onclick = () => { state.collapsed[currentKey()] = new Set(); render(); };
