@@ -1,5 +1,5 @@
 """Generated kernels compile with nvcc for sm_80 and sm_90 (skipped without nvcc).
-The full set (every combination: fused kernel and dequantise kernel) is marked slow."""
+The full set (every combination: CUDA-core, tensor-core and dequantise kernels) is marked slow."""
 from __future__ import annotations
 
 import shutil
@@ -12,7 +12,7 @@ from powerfusion.ttile.codegen import combinations
 from powerfusion.ttile.matmul import Matmul
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-REPRESENTATIVE = [("fp16", "int4", None, "fp16", 1), ("bf16", "uint2", "original", "bf16", 3),
+REPRESENTATIVE = [("fp16", "int4", None, "fp16", 1), ("bf16", "int4", None, "bf16", 32), ("bf16", "uint2", "original", "bf16", 3),
                   ("fp16", "nf4", None, "fp32", 1), ("bf16", "fp8_e4m3", None, "bf16", 1),
                   ("fp16", "mxfp4", None, "fp16", 16), ("int8", "int2", None, "fp16", 1),
                   ("int8", "int4", None, "int32", 4), ("fp16", "uint8", "quantized", "fp16", 512)]
@@ -53,4 +53,7 @@ def test_every_kernel_compiles(tmp_path):
         kernels.append(_matmul(a, w, zm, out, 1))
         if a != "int8":
             kernels.append(_matmul(a, w, zm, out, 1024))   # the dequantise kernel
+            if not w.startswith("mx"):
+                kernels.append(Matmul(32, 200, 1000, a, w, out_dtype=out, zeros_mode=zm, with_bias=True,
+                                      group_size=128, kernel="mma"))
     _compile_all(tmp_path, kernels)
