@@ -123,18 +123,28 @@ def kernel_limits(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Kerne
 
 
 def _registers_per_lane(graph: GIRGraph, ops, lanes: int) -> int:
-    """32-bit registers per lane holding the kernel's REGISTER buffers (the renderer's layouts)."""
+    """32-bit registers per lane the kernel's REGISTER buffers need at the peak of their
+    live ranges (first to last access: the compiler reuses a dead buffer's registers), with
+    the renderer's layouts (`size / width * width / lanes` slots, `size` when replicated)."""
     width: dict[str, int] = {}
-    for op in ops:
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for k, op in enumerate(ops):
         for s in op.inputs + op.outputs:
             if s.level == Level.REGISTER:
                 width[s.buffer] = max(width.get(s.buffer, 0), s.width)
-    total = 0
+                first.setdefault(s.buffer, k)
+                last[s.buffer] = k
+    if not width:
+        return 0
+    live = [0] * len(ops)
     for name, w in width.items():
         b = graph.buffer(name)
         slots = b.size if w <= 1 else -(-b.size // w) * max(1, w // lanes)
-        total += slots * max(1, -(-_itemsize(b.dtype) // 4))
-    return total
+        words = slots * max(1, -(-_itemsize(b.dtype) // 4))
+        for k in range(first[name], last[name] + 1):
+            live[k] += words
+    return max(live)
 
 
 def _shared_bytes(graph: GIRGraph, ops) -> int:
@@ -169,7 +179,8 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Es
     spill = max(0, lim.regs_per_lane + (t.occupancy or _DEFAULT_OCC).reg_overhead
                 - (t.occupancy or _DEFAULT_OCC).max_regs_per_lane)
     if spill and mem:
-        spill_bytes = 2.0 * spill * 4 * P.lanes * P.units
+        active = max((len(_units(op, P)) for op in ops if not isinstance(op.args, Sync)), default=0)
+        spill_bytes = 2.0 * spill * 4 * P.lanes * active
         est = est + Estimate(memory_s=spill_bytes / mem.cache_bandwidth, limits=("register spill",))
     if mem:
         est = est + Estimate(latency_s=phases * mem.latency_s)
