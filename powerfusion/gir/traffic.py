@@ -77,6 +77,23 @@ def traffic(graph: GIRGraph) -> dict[str, int]:
     return total
 
 
+def traffic_after(before: GIRGraph, before_traffic: dict[str, int], after: GIRGraph) -> dict[str, int]:
+    """traffic(after) from traffic(before), visiting only the gOperators that changed (by identity:
+    a rewrite keeps its untouched gOperators as the same objects)."""
+    if after.parallel != before.parallel:
+        return traffic(after)
+    old = {id(op): op for op in before.ops}
+    new = {id(op): op for op in after.ops}
+    out = dict(before_traffic)
+    for key in old.keys() - new.keys():
+        for level, b in op_traffic(old[key], before.parallel):
+            out[level] -= b
+    for key in new.keys() - old.keys():
+        for level, b in op_traffic(new[key], after.parallel):
+            out[level] += b
+    return out
+
+
 def total_bytes(t: dict[str, int]) -> int:
     return sum(t.values())
 

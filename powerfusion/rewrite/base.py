@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from powerfusion.gir.expr import I, J, loads
+from powerfusion.gir.traffic import not_worse, traffic, traffic_after
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
 
 
@@ -30,6 +31,11 @@ class Rewrite:
             keep.update(s.buffer for s in op.inputs + op.outputs)
             keep |= op_loads(op)
         return replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
+
+
+def if_not_worse(g: GIRGraph, rw: "Rewrite") -> "Rewrite | None":
+    """The rewrite, unless it would raise modelled global or total bytes."""
+    return rw if not_worse(index(g).traffic, traffic_after(g, index(g).traffic, rw.apply(g))) else None
 
 
 def interface(g: GIRGraph) -> set[str]:
@@ -69,6 +75,8 @@ class GraphIndex:
         self.device_syncs: list[int] = []
         self.moves_reading: dict[str, list[int]] = {}   # by source buffer
         self.interface = set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
+        self._traffic: dict[str, int] | None = None
+        self._graph = g
         for k, op in enumerate(g.ops):
             if isinstance(op.args, Sync):
                 if op.args.scope == Scope.DEVICE:
@@ -82,6 +90,13 @@ class GraphIndex:
                 _add(self.readers, name, k)
             if isinstance(op.args, Move):
                 _add(self.moves_reading, op.inputs[0].buffer, k)
+
+
+    @property
+    def traffic(self) -> dict[str, int]:
+        if self._traffic is None:
+            self._traffic = traffic(self._graph)
+        return self._traffic
 
 
 def _add(table: dict, key, k: int) -> None:

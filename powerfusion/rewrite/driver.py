@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from powerfusion.gir.ir import Elementwise, GIRGraph, Sync
-from powerfusion.gir.traffic import not_worse, traffic, total_bytes
+from powerfusion.gir.traffic import not_worse, total_bytes, traffic, traffic_after
 from powerfusion.rewrite.base import is_move
 from powerfusion.rewrite.merge_rules import MERGE_RULES
 from powerfusion.rewrite.swap_rules import SWAP_RULES
@@ -53,8 +53,8 @@ class TraceStep:
     changed: tuple[int, ...]   # uids (in `before`) of the gOperators replaced or removed
 
 
-def measure(g: GIRGraph) -> tuple[int, ...]:
-    t = traffic(g)
+def measure(g: GIRGraph, t: dict[str, int] | None = None) -> tuple[int, ...]:
+    t = traffic(g) if t is None else t
     weight = sync_weight = sync_slices = 0
     for op in g.ops:
         if isinstance(op.args, Sync):
@@ -91,33 +91,24 @@ def _step_limit(g: GIRGraph) -> int:
     return 64 + 32 * len(g.ops)
 
 
-_LAST: dict[str, tuple[GIRGraph, object]] = {}
-
-
-def _per_graph(kind: str, fn, g: GIRGraph):
-    """fn(g), remembered for the last graph (each step's `after` is the next step's `before`)."""
-    hit = _LAST.get(kind + "_after")
-    if hit is not None and hit[0] is g:
-        return hit[1]
-    return fn(g)
-
-
-def _check(name: str, before: GIRGraph, after: GIRGraph) -> None:
-    tb, ta = _per_graph("traffic", traffic, before), traffic(after)
-    _LAST["traffic_after"] = (after, ta)
+def _check(name: str, before: GIRGraph, after: GIRGraph, tb: dict, mb: tuple) -> tuple[dict, tuple]:
+    """Raise unless traffic did not rise and the measure dropped; returns after's (traffic, measure)."""
+    ta = traffic_after(before, tb, after)
     if not not_worse(tb, ta):
         raise RewriteInvariantError(f"rule '{name}' raised modelled traffic on {before.name}: "
                                     f"global {tb['global']} -> {ta['global']}, total {total_bytes(tb)} -> {total_bytes(ta)}")
-    mb, ma = _per_graph("measure", measure, before), measure(after)
-    _LAST["measure_after"] = (after, ma)
+    ma = measure(after, ta)
     if not ma < mb:
         raise RewriteInvariantError(f"rule '{name}' did not decrease the termination measure on {before.name}: {mb} -> {ma}")
+    return ta, ma
 
 
 def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int) -> tuple[GIRGraph, bool]:
     """Apply `rules` until none applies anywhere; returns (graph, whether anything changed)."""
     changed = False
     start = 0
+    tb = traffic(g)
+    mb = measure(g, tb)
     while True:
         hit = None
         for at in range(start, len(g.ops)):
@@ -135,7 +126,7 @@ def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int) -> tu
             continue
         name, rw, at = hit
         new = rw.apply(g)
-        _check(name, g, new)
+        tb, mb = _check(name, g, new, tb, mb)
         trace.append(TraceStep(name, g, new, rw.changed))
         if len(trace) > limit:
             raise RewriteInvariantError(f"rewriting {g.name} exceeded {limit} steps")

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from powerfusion.gir.expr import binop
-from powerfusion.gir.ir import GIRGraph, Level, MemorySlice, Scope
-from powerfusion.gir.traffic import not_worse, traffic
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_barrier_between, index, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.gir.ir import GIRGraph, Level, MemorySlice
+from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.patterns import composition_need, writer_coords
@@ -29,8 +28,7 @@ def _last_use(g: GIRGraph, name: str, default: int) -> int:
 
 def _checked(g: GIRGraph, ops, changed) -> Rewrite | None:
     """A rewrite, unless it would raise modelled traffic."""
-    rw = Rewrite(tuple(ops), g.buffers, tuple(changed))
-    return rw if not_worse(traffic(g), traffic(rw.apply(g))) else None
+    return if_not_worse(g, Rewrite(tuple(ops), g.buffers, tuple(changed)))
 
 
 def _rename_after(ops, start: int, old: str, new: str):

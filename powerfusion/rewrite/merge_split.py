@@ -17,8 +17,7 @@ import numpy as np
 
 from powerfusion.gir.expr import Expr, binop, substitute, variables
 from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
-from powerfusion.gir.traffic import not_worse, traffic
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_barrier_between, interface, is_move,
+from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       writers)
 from powerfusion.rewrite.patterns import Coords, composition_need, covering_coords, eval_over
@@ -110,8 +109,7 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         if k in ws:
             continue
         ops.extend(new_ops.get(k, [o]))
-    rw = Rewrite(tuple(ops), g.buffers, tuple(g.ops[k].uid for k in ws + rs))
-    return rw if not_worse(traffic(g), traffic(rw.apply(g))) else None
+    return if_not_worse(g, Rewrite(tuple(ops), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
 
 
 def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int) -> GOp | None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from powerfusion.gir.ir import Buffer, Elementwise, GIRGraph, Level, MemorySlice, Reduce
-from powerfusion.gir.traffic import not_worse, traffic
-from powerfusion.rewrite.base import (Rewrite, fresh_name, interface, is_move, is_sync, loaded_anywhere, next_uid,
+from powerfusion.rewrite.base import (Rewrite, if_not_worse, fresh_name, interface, is_move, is_sync, loaded_anywhere, next_uid,
                                       readers, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_rules import device_barrier_between
 
@@ -51,8 +50,7 @@ def _on(s: MemorySlice, buf: Buffer) -> MemorySlice:
 
 
 def _finish(g: GIRGraph, ops, new_bufs, changed) -> Rewrite | None:
-    rw = Rewrite(tuple(ops), g.buffers + tuple(new_bufs), tuple(changed))
-    return rw if not_worse(traffic(g), traffic(rw.apply(g))) else None
+    return if_not_worse(g, Rewrite(tuple(ops), g.buffers + tuple(new_bufs), tuple(changed)))
 
 
 def _dtypes_equal(g: GIRGraph, *names: str) -> bool:

@@ -1,5 +1,5 @@
 """Small ONNX models of DESIGN.md's worked examples, built with onnx.helper (float32, batch 1)."""
-import numpy as np, onnx
+import numpy as np
 from onnx import helper as h, TensorProto as TP, numpy_helper as nh
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import pytest
 
 from powerfusion.frontend import import_model, partition, run_basic_graph
 from powerfusion.gir.interpreter import run_gir
