@@ -265,7 +265,7 @@ def run(path: str, out_dir: str, calibration: dict | None = None, budget_s: floa
             break
         g = p["graph"]
         est = estimate(g, t)
-        row = {"case": p["case"], "plan": " | ".join(dict.fromkeys(p["labels"])), "kernels": len(g.kernels()),
+        row = {"index": k, "case": p["case"], "plan": " | ".join(dict.fromkeys(p["labels"])), "kernels": len(g.kernels()),
                "predicted_s": predict_seconds(est, t), "units": g.parallel.units,
                "global_bytes": est.bytes("global"), "limits": list(est.limits)}
         try:
@@ -309,6 +309,34 @@ def markdown(summary: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rescore(path: str, measured_json: str, calibration_json: str, out_dir: str) -> dict:
+    """Predict the same plans again with the current model against times measured earlier
+    (no device needed); rows are matched by their index in the plans file."""
+    from powerfusion.perfmodel.calibration import apply_calibration
+    from powerfusion.perfmodel.cost import estimate, predict_seconds
+    from powerfusion.perfmodel.specs import get_target
+    plans = []
+    for p in path.split(","):
+        plans += pickle.loads(Path(p).read_bytes())
+    cal = json.loads(Path(calibration_json).read_text())
+    t = apply_calibration(get_target(cal.get("key") or "h100"), cal)
+    old = json.loads(Path(measured_json).read_text())["rows"]
+    rows = []
+    for r in old:
+        if "measured_s" not in r:
+            continue
+        g = plans[r["index"]]["graph"]
+        est = estimate(g, t)
+        rows.append({**r, "predicted_s": predict_seconds(est, t), "limits": list(est.limits)})
+    summary = summarise([r for r in rows if math.isfinite(r["predicted_s"])])
+    summary.update(failed=len(old) - len(rows), target=t.name, calibrated=t.calibrated)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "perfmodel-accuracy-rescored.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    (out / "perfmodel-accuracy-rescored.md").write_text(markdown(summary, rows))
+    return summary
+
+
 # ---- compile time: plan search for a whole model ----------------------------------------------
 
 def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam: int = 4) -> dict:
@@ -345,6 +373,8 @@ if __name__ == "__main__":
     elif cmd == "run":
         cal = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else None
         print(json.dumps(run(sys.argv[2], sys.argv[3], cal), indent=1, default=str))
+    elif cmd == "rescore":
+        print(json.dumps(rescore(*sys.argv[2:6]), indent=1, default=str))
     elif cmd == "compile-time":
         jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
         print(json.dumps(compile_time(sys.argv[2], sys.argv[3], jobs), indent=1))

@@ -15,7 +15,7 @@ from powerfusion.gir.interpreter import np_dtype
 from powerfusion.gir.ir import GIRGraph
 
 TARGET_S = 0.02       # GPU time per measurement
-MAX_SETS = 16
+MAX_SETS = 64
 
 
 def random_inputs(graph: GIRGraph, seed: int = 0) -> dict:
