@@ -10,7 +10,10 @@ HELP = "write a self-contained HTML view of the partition and every subgraph's G
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, target=False)
+    p.add_argument("--target", default="cuda",
+                   help="cuda (default: kernel source lines need a GPU backend), hip, mlu, cpu or a device "
+                        "name (a100, h100, h200, mi100, mi250, mlu370)")
     p.add_argument("-o", "--output", help="output file (default: MODEL's name with the format's extension)")
     p.add_argument("--format", choices=("html", "json", "dot", "svg"), default=None,
                    help="html (default; works offline), json (the data), dot or svg (one view; svg needs Graphviz)")
@@ -32,7 +35,7 @@ def main(args) -> int:
     if args.view is not None or args.step is not None:
         if fmt not in ("dot", "svg"):
             progress("--view/--step choose what dot/svg show; the html and json outputs hold every view")
-    data = viz_data(args.model, shapes=parse_shapes(args.shapes), target=args.target or "cuda",
+    data = viz_data(args.model, shapes=parse_shapes(args.shapes), target=args.target,
                     codegen=not args.no_codegen, search=not args.default_choice,
                     timeout=args.timeout or None, progress=progress)
     text = render(data, fmt, args.view, args.step)
