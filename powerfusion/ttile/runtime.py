@@ -8,7 +8,8 @@ import functools
 def compile_kernel(source: str, name: str):
     """NVRTC via cupy.RawModule (CuPy keeps an on-disk cache keyed by source, options and
     arch); nvcc if NVRTC cannot find the fp16/bf16 headers.
-    Seam: switch to powerfusion.runtime.cache once it exposes a cubin loader for CuPy."""
+    Seam: powerfusion.runtime.cache.KernelCache().get_or_build({source hash, arch, nvrtc
+    version}, build=<cubin bytes>) + cupy.cuda.function.Module().load(cubin) replaces this."""
     import os
 
     import cupy as cp

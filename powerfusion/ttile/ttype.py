@@ -134,7 +134,7 @@ def get_ttype(name: str) -> TType:
 def e8m0_decode(codes: np.ndarray) -> np.ndarray:
     """OCP MX shared scale: 2**(code - 127) (code 255 is NaN)."""
     c = np.asarray(codes).astype(np.int64)
-    out = np.ldexp(np.float32(1.0), (c - 127).astype(np.int32)).astype(np.float32)
+    out = np.ldexp(np.float32(1.0), (np.minimum(c, 254) - 127).astype(np.int32)).astype(np.float32)
     return np.where(c == 255, np.float32(np.nan), out)
 
 
