@@ -76,6 +76,16 @@ def test_search_by_node_and_buffer_name(page):
     assert console == [] and int(_attrs(dom)["matches"]) >= len(users) > 0
 
 
+def test_notebook_embedding(tmp_path):
+    """show()._repr_html_ in a page, as a notebook would show it: a sandboxed srcdoc iframe."""
+    from powerfusion.viz import show
+    page = tmp_path / "notebook.html"
+    page.write_text("<html><body><h1>notebook</h1>" + show(relu_add(), target="cuda")._repr_html_() + "</body></html>")
+    png = str(tmp_path / "nb.png")
+    assert chromium.screenshot(page.as_uri(), png) == []
+    assert chromium.coloured_pixels(png, (250, 250, 1000, 700)) > 1000
+
+
 def test_search_and_details_with_awkward_names(tmp_path):
     """A node name containing '</script>' neither breaks the page nor runs as markup."""
     path = tmp_path / "relu_add.html"

@@ -74,6 +74,7 @@
     if (state.node !== null && state.node !== undefined) p.set("node", state.node);
     if (state.search) p.set("q", state.search);
     const h = "#" + p.toString();
+    if (location.protocol === "about:") return;   // a srcdoc iframe (notebooks) has no URL to keep state in
     if (location.hash !== h) history.replaceState(null, "", h);
   }
   function go(changes) {
