@@ -127,10 +127,16 @@ class MLUKernel(OpEmitter):
         cond = [self.idx(op.guard)] if op.guard is not None else []
         if self.shared_mode:
             cond.insert(0, "unit_live")
-        head = f"// gop {op.uid}: {op.describe()}"
+        head = f"// gop {op.uid}: {self._describe(op)}"
         if not cond:
             return [head, *lines]
         return [head, f"if ({' && '.join(cond)}) {{", *["  " + x for x in lines], "}"]
+
+    def _describe(self, op: GOp) -> str:
+        """op.describe() with buffer names sanitised (model names never reach the source raw)."""
+        sl = lambda xs: ", ".join(f"{self.sanitize(x.buffer)}@{x.level.label} {x.num}x{x.width}" for x in xs)
+        head = op.describe().split(" [", 1)[0]
+        return f"{head} [{sl(op.inputs)}] -> [{sl(op.outputs)}]"
 
     def _bufs(self, prefix: str) -> dict[str, str]:
         return {b: self.ident(prefix, b) for b in self.onchip}
