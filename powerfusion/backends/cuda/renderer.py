@@ -5,4 +5,5 @@ from powerfusion.backends.c_renderer import CRenderer
 
 
 class CUDARenderer(CRenderer):
-    header = CRenderer.header + "\n#pragma nv_diag_suppress 177"
+    # NVRTC has no <math.h>, so INFINITY (max/min reduction identities) comes from math_constants.h
+    header = CRenderer.header + "\n#pragma nv_diag_suppress 177\n#ifndef INFINITY\n#define INFINITY CUDART_INF_F\n#endif"
