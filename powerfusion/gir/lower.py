@@ -116,19 +116,37 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
         return False
     if all(w.pattern() == r.pattern() and np.array_equal(wu, ru) for w, wu in ws for r, ru in rs):
         return True
-    readers = np.unique(np.concatenate([ru for _, ru in rs]))
-    if len(readers) > sample:
-        rng = np.random.default_rng(len(readers))
-        readers = np.unique(np.concatenate([readers[:2], readers[-2:], rng.choice(readers, sample - 4, replace=False)]))
+    readers = _sample_units([ru for _, ru in rs], sample)
     lanes = gp.parallel.lanes
-    wk = [_keys(w, np.intersect1d(readers, wu), lanes) for w, wu in ws]
-    rk = [_keys(r, np.intersect1d(readers, ru), lanes) for r, ru in rs]
+    wk = [_keys(w, _members(readers, wu), lanes) for w, wu in ws]
+    rk = [_keys(r, _members(readers, ru), lanes) for r, ru in rs]
     if any(k is None for k in wk + rk):
         return False  # data-dependent addresses never line up
     w, r = np.sort(np.concatenate(wk)), np.concatenate(rk)
     if w.size == 0:
         return r.size == 0
     return bool(np.all(w[np.minimum(np.searchsorted(w, r), w.size - 1)] == r))
+
+
+def _sample_units(unit_sets: list[np.ndarray], sample: int) -> np.ndarray:
+    """A few reader units (first, last and seeded random ones) without sorting millions of ids:
+    active-unit arrays are already sorted and unique."""
+    picks = []
+    rng = np.random.default_rng(sum(len(u) for u in unit_sets))
+    for u in unit_sets:
+        if len(u) <= sample:
+            picks.append(u)
+        else:
+            picks.append(np.concatenate([u[:2], u[-2:], rng.choice(u, sample - 4, replace=False)]))
+    return np.unique(np.concatenate(picks))
+
+
+def _members(small: np.ndarray, sorted_units: np.ndarray) -> np.ndarray:
+    """The elements of `small` that occur in the sorted array `sorted_units`."""
+    if sorted_units.size == 0:
+        return small[:0]
+    at = np.minimum(np.searchsorted(sorted_units, small), sorted_units.size - 1)
+    return small[sorted_units[at] == small]
 
 
 def _keys(s, units, lanes):
