@@ -4,6 +4,9 @@
 
 Measured, each by CUDA events around CUDA-graph replays (no host launch gaps):
 - copy bandwidth: cupy device-to-device copy of 1 GiB and our float4 grid-stride copy;
+- uncoalesced reads / writes: a 4096 x 4096 float transpose read-strided and write-strided,
+  against a plain copy: the rate at which the extra 32-byte sectors are served;
+- the smallest real kernel (one block copying 8 KiB), i.e. launch + latency + drain;
 - achievable bandwidth vs resident warps per SM: the float4 copy with one block of w warps
   per SM, w = 1..32, at 1 and 4 independent loads in flight per lane; a Little's-law fit
   gives the latency the model uses (bandwidth = warps x bytes in flight / latency);
@@ -28,17 +31,33 @@ extern "C" __global__ void empty_kernel() {}
 
 extern "C" __global__ void copy4(const float4* __restrict__ x, float4* __restrict__ y, long long n) {
   long long stride = (long long)gridDim.x * blockDim.x;
+  #pragma unroll 1
   for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += stride) y[k] = x[k];
 }
 
 extern "C" __global__ void copy4_ilp4(const float4* __restrict__ x, float4* __restrict__ y, long long n) {
   long long stride = (long long)gridDim.x * blockDim.x;
   long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  #pragma unroll 1
   for (; k + 3 * stride < n; k += 4 * stride) {
     float4 a = x[k], b = x[k + stride], c = x[k + 2 * stride], d = x[k + 3 * stride];
     y[k] = a; y[k + stride] = b; y[k + 2 * stride] = c; y[k + 3 * stride] = d;
   }
   for (; k < n; k += stride) y[k] = x[k];
+}
+
+// y (R x C) from x (C x R): one of the two sides walks with a stride of R floats across lanes
+extern "C" __global__ void strided_read(const float* __restrict__ x, float* __restrict__ y, int R, int C) {
+  long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < (long long)R * C) { long long r = k / C, c = k % C; y[k] = x[c * R + r]; }
+}
+extern "C" __global__ void strided_write(const float* __restrict__ x, float* __restrict__ y, int R, int C) {
+  long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < (long long)R * C) { long long r = k / C, c = k % C; y[c * R + r] = x[k]; }
+}
+extern "C" __global__ void plain_copy(const float* __restrict__ x, float* __restrict__ y, int R, int C) {
+  long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < (long long)R * C) y[k] = x[k];
 }
 
 extern "C" __global__ void syncs(float* out, int iters, int do_sync) {
@@ -121,10 +140,11 @@ def calibrate() -> dict:
     sms = props["multiProcessorCount"]
     l2 = props.get("l2CacheSize", 50 << 20)
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
-    k = {n: mod.get_function(n) for n in ("empty_kernel", "copy4", "copy4_ilp4", "syncs", "shared_rw", "l2_read")}
+    k = {n: mod.get_function(n) for n in ("empty_kernel", "copy4", "copy4_ilp4", "syncs", "shared_rw", "l2_read",
+                                           "strided_read", "strided_write", "plain_copy")}
     timer = Timer()
     out = {"device": name, "key": target_key(name), "sms": sms, "l2_bytes": int(l2),
-           "date": _dt.date.today().isoformat()}
+           "date": _dt.date.today().isoformat(), "ilp_controlled": True}
 
     nbytes = 1 << 30
     x = cp.ones(nbytes // 4, dtype=cp.float32)
@@ -150,6 +170,19 @@ def calibrate() -> dict:
     out["latency_fit"] = {"latency_s": float(np.median(lat)) if lat else None, "points": len(lat)}
     if out["latency_fit"]["latency_s"] is None:
         out["latency_fit"].pop("latency_s")
+    # uncoalesced accesses: extra 32-byte sectors (8 per 4-byte element instead of 1/8 of one)
+    R = C = 4096
+    args = (x, y, np.int32(R), np.int32(C))
+    grid = ((R * C + 255) // 256,)
+    base = timer(lambda: k["plain_copy"](grid, (256,), args))
+    extra = R * C * 4 * 7.0
+    for side in ("read", "write"):
+        t = timer(lambda: k[f"strided_{side}"](grid, (256,), args))
+        out[f"strided_{side}_s"] = t
+        out[f"scatter_{side}_bandwidth"] = extra / max(t - base, 1e-9)
+    out["plain_copy_16M_s"] = base
+    # the smallest real kernel: one block copies 8 KiB
+    out["tiny_kernel_s"] = timer(lambda: k["copy4"]((1,), (128,), (x, y, np.int64(512))), calls=50)
     del x, y
 
     out["launch_s"] = timer(lambda: k["empty_kernel"]((1,), (32,), ()), calls=200)

@@ -130,6 +130,13 @@ CASES = {  # sizes keep lowering and rewriting every plan affordable on a small 
     "transpose_8x128x256": lambda: transpose3d(8, 128, 256),
     "channel_shuffle_116x28x28": lambda: channel_shuffle(116, 28, 28),
     "decode_attention_12x256x64": lambda: decode_attention(12, 256, 64),
+    # held out: not looked at while the model's constants were set
+    "layernorm_256x1024": lambda: layernorm(256, 1024),
+    "softmax_128x512": lambda: softmax(128, 512),
+    "transpose_256x1024": lambda: transpose2d(256, 1024),
+    "rmsnorm_64x2048": lambda: rmsnorm(64, 2048),
+    "add_relu_mul_2M": lambda: add_relu_mul(1 << 21),
+    "channel_shuffle_58x56x56": lambda: channel_shuffle(58, 56, 56),
 }
 
 

@@ -38,11 +38,23 @@ def load_calibration(key: str | None = None) -> dict | None:
 
 def apply_calibration(t: TargetSpec, cal: dict) -> TargetSpec:
     mem = t.memory or MemorySystem(1e-6, 0, t.bandwidth)
-    fit = cal.get("latency_fit", {})
+    # the first calibration's copy loops let the compiler unroll (uncontrolled loads in
+    # flight), so its latency fit is not used; later ones pin one load in flight per lane
+    fit = cal.get("latency_fit", {}) if cal.get("ilp_controlled") else {}
+    sms = cal.get("sms", t.groups_concurrent)
+    curve = tuple((float(p["warps_per_sm"]), p["bandwidth"] / sms) for p in cal.get("bw_vs_warps", ())
+                  if p.get("ilp", 1) == 1)
+    # uncontrolled (first calibration): nvcc unrolled the "one load" copy loop, by 4 by default
+    curve_ilp = 1.0 if cal.get("ilp_controlled") else 4.0
     mem = replace(mem, achievable=min(1.0, cal["copy_bandwidth"] / t.bandwidth),
                   latency_s=fit.get("latency_s", mem.latency_s),
                   cache_bandwidth=cal.get("l2_bandwidth", mem.cache_bandwidth),
-                  cache_bytes=cal.get("l2_bytes", mem.cache_bytes))
+                  cache_bytes=cal.get("l2_bytes", mem.cache_bytes),
+                  bw_curve=curve or mem.bw_curve, curve_ilp=curve_ilp if curve else mem.curve_ilp,
+                  scatter_read=cal.get("scatter_read_bandwidth", mem.scatter_read),
+                  scatter_write=cal.get("scatter_write_bandwidth", mem.scatter_write),
+                  kernel_floor_s=max(0.0, cal["tiny_kernel_s"] - cal.get("launch_s", t.launch_s))
+                  if "tiny_kernel_s" in cal else mem.kernel_floor_s)
     levels = dict(t.levels)
     if "shared_bandwidth" in cal:
         levels["shared"] = LevelSpec(cal["shared_bandwidth"], levels["shared"].capacity)

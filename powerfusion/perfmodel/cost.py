@@ -32,9 +32,10 @@ from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, Mem
 from powerfusion.gir.traffic import LEVELS, _elements, _itemsize, _units
 from powerfusion.perfmodel.specs import MemorySystem, Occupancy, TargetSpec, get_target
 
-ILP_CAP = 8          # independent loads one unit keeps in flight (unrolled loops)
+ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops; registers bound it)
+LOOP_ILP = 4         # nvcc unrolls a simple loop by 4
 ISSUE_WARPS = 8      # resident warps per SM needed to keep the ALUs busy
-PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of bandwidth
+PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of cache bandwidth
 _DEFAULT_OCC = Occupancy(1 << 20, 1 << 20, 1 << 40, 1 << 20, 1 << 40, 1 << 40, 0)  # no residency limits modelled
 
 
@@ -183,7 +184,8 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Es
         spill_bytes = 2.0 * spill * 4 * P.lanes * active
         est = est + Estimate(memory_s=spill_bytes / mem.cache_bandwidth, limits=("register spill",))
     if mem:
-        est = est + Estimate(latency_s=phases * mem.latency_s)
+        floor = mem.kernel_floor_s or 2 * mem.latency_s
+        est = est + Estimate(latency_s=floor + (phases - 1) * mem.latency_s)
     return est
 
 
@@ -210,6 +212,7 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
     by_level: dict[str, float] = {}
     dram = cached = 0.0
     inflight = 0.0
+    scatter_s = 0.0
     shared_s = 0.0
     for s, is_write in [(s, False) for s in op.inputs] + [(s, True) for s in op.outputs]:
         nbytes = _elements(s, units) * _itemsize(s.dtype)
@@ -229,15 +232,18 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
                 d, c = (fresh, nbytes - fresh) if fits else (nbytes, 0.0)
                 read_so_far[s.buffer] = before + nbytes
             dram += d
-            cached += c + (d + c) * (amp - 1.0)
+            cached += c
+            if amp > 1.0:  # extra sectors of an uncoalesced access keep the load/store units busy
+                scatter_s += nbytes * (amp - 1.0) / _scatter_rate(t, is_write, sms_used)
             lanes_used = min(P.lanes, max(1, -(-s.width // max(1, s.vec))))
-            ilp = ILP_CAP if is_write else min(ILP_CAP, max(1, s.num * max(1, s.width // (P.lanes * s.vec))))
+            # loads into registers are unrolled over segments and lane chunks; stores need no wait
+            ilp = ILP_CAP if is_write else _load_ilp(op, s, P)
             inflight = max(inflight, lanes_used * s.vec * _itemsize(s.dtype) * ilp)
         elif s.level == Level.SHARED:
             rate = t.levels["shared"].bandwidth * sms_used / t.groups_concurrent
             shared_s += nbytes * _bank_conflicts(s, units, P) / rate
-    memory_s = shared_s
-    limits: list[str] = []
+    memory_s = shared_s + scatter_s
+    limits: list[str] = ["uncoalesced"] if scatter_s else []
     if dram or cached:
         bw = _global_bandwidth(t, concurrent, sms_used, inflight)
         memory_s += max(dram / bw, (dram + cached) / _cache_bandwidth(t, sms_used))
@@ -254,13 +260,47 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
 
 
 def _global_bandwidth(t: TargetSpec, concurrent: float, sms_used: int, inflight: float) -> float:
+    """DRAM bandwidth of `concurrent` units on `sms_used` SMs, each keeping `inflight` bytes of
+    loads in flight. The per-SM bandwidth vs resident warps curve was measured with float4
+    warp accesses (512 B) at `curve_ilp` loads in flight; a unit with more or less in flight
+    counts as proportionally more or fewer warps. Capped at the achievable bandwidth and at a
+    few times the SMs' even share of it."""
     mem = t.memory
     peak = t.bandwidth * (mem.achievable if mem else 1.0)
     if mem is None:
         return peak
-    littles = concurrent * inflight / mem.latency_s
-    per_sm = PER_SM_SHARE * peak / t.groups_concurrent * sms_used
-    return max(1.0, min(peak, littles, per_sm))
+    warps = concurrent / max(1, sms_used) * inflight / (512.0 * mem.curve_ilp)
+    return max(1.0, min(peak, sms_used * _per_sm_bandwidth(t, warps),
+                        PER_SM_SHARE * peak * sms_used / t.groups_concurrent))
+
+
+def _per_sm_bandwidth(t: TargetSpec, warps: float) -> float:
+    """Interpolated in log2(warps); below the first point linear in warps, beyond the last flat.
+    Without a measured curve: Little's law at the datasheet latency."""
+    mem = t.memory
+    curve = mem.bw_curve or tuple((w, min(t.bandwidth * mem.achievable / t.groups_concurrent,
+                                         w * 512.0 * mem.curve_ilp / mem.latency_s))
+                                  for w in (1, 2, 4, 8, 16, 32, 64))
+    xs, ys = [w for w, _ in curve], [b for _, b in curve]
+    if warps <= xs[0]:
+        return ys[0] * warps / xs[0]
+    return float(np.interp(math.log2(warps), np.log2(xs), ys))
+
+
+def _load_ilp(op: GOp, s: MemorySlice, P: Parallel) -> int:
+    """Independent loads per lane: the renderer unrolls a register destination's segments and
+    lane chunks; the generic element loop (into shared memory) gets what nvcc's default
+    unrolling of a simple loop gives."""
+    dst = op.outputs[0] if op.outputs else None
+    if dst is None or dst.level != Level.REGISTER:
+        return LOOP_ILP
+    return int(min(ILP_CAP, max(1, s.num * max(1, s.width // (P.lanes * max(1, s.vec))))))
+
+
+def _scatter_rate(t: TargetSpec, write: bool, sms_used: int) -> float:
+    mem = t.memory
+    rate = (mem.scatter_write or 0.7 * t.bandwidth) if write else (mem.scatter_read or 1.5 * t.bandwidth)
+    return rate * sms_used / t.groups_concurrent
 
 
 def _cache_bandwidth(t: TargetSpec, sms_used: int) -> float:

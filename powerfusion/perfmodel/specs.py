@@ -36,6 +36,12 @@ class MemorySystem:
     cache_bandwidth: float     # bytes/s of cache hits
     achievable: float = 0.9    # fraction of the datasheet bandwidth a copy kernel reaches
     sector_bytes: int = 32     # smallest DRAM/L2 transaction
+    # measured (calibration) where present, else derived from the figures above:
+    bw_curve: tuple[tuple[float, float], ...] = ()  # (resident warps per SM, bytes/s per SM), float4 copy
+    curve_ilp: float = 1.0       # loads in flight per lane in the copy that measured bw_curve
+    scatter_read: float = 0.0    # bytes/s of extra sectors of uncoalesced reads (0: 1.5 x bandwidth)
+    scatter_write: float = 0.0   # the same for uncoalesced writes (0: 0.7 x bandwidth)
+    kernel_floor_s: float = 0.0  # a tiny kernel's time beyond the launch (0: two latencies)
 
 
 @dataclass(frozen=True, slots=True)
