@@ -327,7 +327,11 @@ _SOURCE = """// {name}: kernel of memory-bound subgraph {graph}, BANG C for MLU3
 #define PF_NRAM_ARENA
 __nram__ char pf_nram[PF_NRAM_BYTES] __attribute__((aligned(64)));
 #endif
-{sram_arena}
+{sram_arena}#ifndef PF_INDEX_HELPERS
+#define PF_INDEX_HELPERS
+__mlu_func__ int pf_imin(int a, int b) {{ return a < b ? a : b; }}
+__mlu_func__ int pf_imax(int a, int b) {{ return a > b ? a : b; }}
+#endif
 {helpers}
 __mlu_entry__ void {name}({params}) {{
   static_assert({nram_need} <= PF_NRAM_BYTES, "NRAM arena too small for {name}");

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from powerfusion.backends.c_renderer import KernelSource, RenderError, sanitize
-from powerfusion.gir.ir import GIRGraph
+from powerfusion.gir.ir import GIRGraph, GOp, Level
 from powerfusion.scalar import scalar_fn
 
 # MLU370 (mtp_372) capacities, docs/bang.md section 3.
@@ -58,7 +58,7 @@ class MLURenderer:
             raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.lanes} lanes per unit; "
                               f"the MLU backend needs graphs built for target 'mlu370' (1 lane)")
         return [MLUKernel(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
-                for k, ops in enumerate(graph.kernels())]
+                for k, ops in enumerate(kernel_parts(graph))]
 
     # ---- scalar code (the fallback where no __bang_* instruction fits) -------------------
     def convert(self, value: str, src: str, dst: str) -> str:
@@ -81,6 +81,43 @@ class MLURenderer:
         tmpl = re.sub(r"\{(\w+)\}f", r"{\1}", _SCALAR_C.get(fn, f.c))
         kw = {p: c_float(float(params[p])) for p in f.params}
         return tmpl.format(*operands, **kw)
+
+
+def kernel_parts(graph: GIRGraph) -> list[tuple[GOp, ...]]:
+    """graph.kernels(), each preceded by the ops that recompute the REGISTER values it reads
+    but an earlier kernel wrote: NRAM does not survive a kernel boundary, while GIR lets a
+    unit's registers live across a DEVICE sync (the rewrites produce such graphs, e.g. a
+    broadcast constant computed in one kernel and used in the next). Recomputing is exact
+    when the GLOBAL data those ops read is not written in between; otherwise RenderError."""
+    parts = graph.kernels()
+    out = []
+    for k, ops in enumerate(parts):
+        want, written = set(), set()
+        for op in ops:
+            want |= {s.buffer for s in op.inputs if s.level == Level.REGISTER and s.buffer not in written}
+            written |= {s.buffer for s in op.outputs if s.level == Level.REGISTER}
+        if not want:
+            out.append(ops)
+            continue
+        earlier = [op for part in parts[:k] for op in part]
+        keep = []
+        for n in range(len(earlier) - 1, -1, -1):
+            op = earlier[n]
+            if not any(s.level == Level.REGISTER and s.buffer in want for s in op.outputs):
+                continue
+            for s in op.inputs:
+                if s.level == Level.SHARED:
+                    raise RenderError(f"{graph.name}: register '{s.buffer}' crosses a kernel boundary and "
+                                      f"depends on shared data ({op.describe()})")
+                if s.level == Level.GLOBAL and any(o.buffer == s.buffer for later in earlier[n + 1:]
+                                                   for o in later.outputs):
+                    raise RenderError(f"{graph.name}: register data crosses a kernel boundary and cannot be "
+                                      f"recomputed: '{s.buffer}' is overwritten after {op.describe()}")
+                if s.level == Level.REGISTER:
+                    want.add(s.buffer)
+            keep.append(op)
+        out.append(tuple(reversed(keep)) + tuple(ops))
+    return out
 
 
 def c_float(x: float) -> str:
