@@ -41,7 +41,8 @@ def dump_dom(url: str) -> tuple[str, list[str]]:
 
 
 def screenshot(url: str, path: str) -> list[str]:
-    _, console = run(url, f"--screenshot={path}")
+    # the virtual-time budget lets frames (a notebook's iframe) finish painting before the capture
+    _, console = run(url, f"--screenshot={path}", "--virtual-time-budget=5000")
     return console
 
 

@@ -70,7 +70,7 @@ def test_bad_view_is_a_user_error(model, tmp_path, capsys):
 
 def test_svg_through_graphviz_or_a_clear_error(model, tmp_path, capsys):
     out = tmp_path / "v.svg"
-    rc = main(["-q", "viz", str(model), "--view", "sg0", "-o", str(out)])
+    rc = main(["-q", "viz", str(model), "--view", "sg0", "--step", "1", "-o", str(out)])   # merged
     if shutil.which("dot"):
         assert rc == 0 and "<svg" in out.read_text() and "sync(device)" in out.read_text()
     else:

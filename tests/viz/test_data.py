@@ -182,7 +182,7 @@ def test_lowering_failure_is_shown_not_raised(monkeypatch):
     def refuse(sub, graph, choice=None, target="cuda"):
         raise LowerError(f"no GIR template fits {sub.nodes[0].origin.op_type} (test)")
     monkeypatch.setattr(lower, "lower_subgraph", refuse)
-    data = viz_data(matmul_relu(), target="cuda")
+    data = viz_data(matmul_relu(), target="cuda", search=False)   # the search may answer from its plan cache
     assert [s["failed_at"] for s in data["subgraphs"]] == ["lower", "lower"]
     assert all("Relu" in s["error"] or "Sigmoid" in s["error"] for s in data["subgraphs"])
     assert all(s["stages"] == [] for s in data["subgraphs"])
