@@ -354,6 +354,7 @@ def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam
     from powerfusion.frontend import import_model, partition
     from powerfusion.perfmodel.search import choose_plans
     from powerfusion.perfmodel.specs import get_target
+    import resource
     t0 = time.perf_counter()
     graph = import_model(model)
     t1 = time.perf_counter()
@@ -370,6 +371,9 @@ def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam
     return {"model": Path(model).name, "subgraphs": len(choices), "distinct": len({c.key for c in choices}),
             "sources": sources, "kernels": kernels, "import_s": t1 - t0, "partition_s": t2 - t1,
             "plan_search_s": t3 - t2, "render_s": t4 - t3, "total_s": t4 - t0, "jobs": jobs,
+            # wall time depends on what else the machine runs; CPU seconds of this process and its workers do not
+            "cpu_s": sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                         for f in ("ru_utime", "ru_stime")),
             "limit": limit, "beam": beam}
 
 
