@@ -17,7 +17,9 @@ sum in another order than numpy); integer and bool outputs exactly.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -43,9 +45,34 @@ SMALL = ROOT / "models" / "small"
 MODELS = sorted(p.stem for p in SMALL.glob("*.onnx"))
 
 
+def _cache_key(name: str) -> str:
+    """The model file and every source that shapes its GIR (all of powerfusion but the backends)."""
+    h = hashlib.sha256((SMALL / f"{name}.onnx").read_bytes())
+    for p in sorted((ROOT / "powerfusion").rglob("*.py")):
+        if "backends" not in p.parts:
+            h.update(p.as_posix().encode() + p.read_bytes())
+    return h.hexdigest()[:24]
+
+
 @lru_cache(maxsize=None)
 def compiled(name: str):
-    """(basic graph, feeds, [(subgraph, optimised GIR, buffer -> tensor)])."""
+    """(basic graph, feeds, [(subgraph, optimised GIR, buffer -> tensor)]), cached on disk by
+    content: lowering and rewriting the models costs far more than emulating their kernels."""
+    path = Path(tempfile.gettempdir()) / "pf_mlu_models" / f"{name}_{_cache_key(name)}.pkl"
+    if path.exists():
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception:  # a stale or partial cache entry is rebuilt
+            pass
+    result = _compile(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}")
+    tmp.write_bytes(pickle.dumps(result))
+    os.replace(tmp, path)
+    return result
+
+
+def _compile(name: str):
     from models import small_manifest
     from models.onnx_tools import TensorSpec, sample_inputs
     from powerfusion.frontend import import_model

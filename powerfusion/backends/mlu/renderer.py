@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from powerfusion.backends.c_renderer import KernelSource, RenderError, sanitize
-from powerfusion.gir.ir import GIRGraph, GOp, Level
+from powerfusion.gir.ir import GIRGraph, GOp, Level, Scope, Sync
 from powerfusion.scalar import scalar_fn
 
 # MLU370 (mtp_372) capacities, docs/bang.md section 3.
@@ -84,18 +84,20 @@ class MLURenderer:
 
 
 def kernel_parts(graph: GIRGraph) -> list[tuple[GOp, ...]]:
-    """graph.kernels(), each preceded by the ops that recompute the REGISTER values it reads
-    but an earlier kernel wrote: NRAM does not survive a kernel boundary, while GIR lets a
-    unit's registers live across a DEVICE sync (the rewrites produce such graphs, e.g. a
-    broadcast constant computed in one kernel and used in the next). Recomputing is exact
-    when the GLOBAL data those ops read is not written in between; otherwise RenderError."""
+    """graph.kernels(), each preceded by the ops that recompute the REGISTER/SHARED values it
+    reads but an earlier kernel wrote: NRAM and SRAM do not survive a kernel boundary, while
+    GIR lets a unit's registers live across a DEVICE sync (the rewrites produce such graphs,
+    e.g. a broadcast constant computed in one kernel and used in the next). Recomputing is
+    exact when the GLOBAL data those ops read is not written in between (else RenderError);
+    the BLOCK syncs among them are kept."""
+    local = (Level.REGISTER, Level.SHARED)
     parts = graph.kernels()
     out = []
     for k, ops in enumerate(parts):
         want, written = set(), set()
         for op in ops:
-            want |= {s.buffer for s in op.inputs if s.level == Level.REGISTER and s.buffer not in written}
-            written |= {s.buffer for s in op.outputs if s.level == Level.REGISTER}
+            want |= {s.buffer for s in op.inputs if s.level in local and s.buffer not in written}
+            written |= {s.buffer for s in op.outputs if s.level in local}
         if not want:
             out.append(ops)
             continue
@@ -103,19 +105,22 @@ def kernel_parts(graph: GIRGraph) -> list[tuple[GOp, ...]]:
         keep = []
         for n in range(len(earlier) - 1, -1, -1):
             op = earlier[n]
-            if not any(s.level == Level.REGISTER and s.buffer in want for s in op.outputs):
+            if isinstance(op.args, Sync):
+                if op.args.scope == Scope.BLOCK and keep:
+                    keep.append(op)
+                continue
+            if not any(s.level in local and s.buffer in want for s in op.outputs):
                 continue
             for s in op.inputs:
-                if s.level == Level.SHARED:
-                    raise RenderError(f"{graph.name}: register '{s.buffer}' crosses a kernel boundary and "
-                                      f"depends on shared data ({op.describe()})")
                 if s.level == Level.GLOBAL and any(o.buffer == s.buffer for later in earlier[n + 1:]
                                                    for o in later.outputs):
-                    raise RenderError(f"{graph.name}: register data crosses a kernel boundary and cannot be "
+                    raise RenderError(f"{graph.name}: on-chip data crosses a kernel boundary and cannot be "
                                       f"recomputed: '{s.buffer}' is overwritten after {op.describe()}")
-                if s.level == Level.REGISTER:
+                if s.level in local:
                     want.add(s.buffer)
             keep.append(op)
+        while keep and isinstance(keep[-1].args, Sync):
+            keep.pop()  # syncs before the first recomputed op guard nothing
         out.append(tuple(reversed(keep)) + tuple(ops))
     return out
 
