@@ -45,6 +45,10 @@ def test_loads_without_console_messages_and_draws(page):
         drawn = len(re.findall(r'<g class="node[ "]', dom))
         assert drawn == int(attrs["nodes"]) and drawn >= len(sg["stages"][step]["gir"]["ops"])
         assert sg["stages"][step]["label"] in dom.replace("&amp;", "&").replace("&gt;", ">")
+        coming = sg["stages"][step + 1] if step + 1 < len(sg["stages"]) else None
+        doomed = set(coming["changed"]) if coming and coming["kind"] == "rule" else set()
+        outlined = len(re.findall(r'<g class="node[^"]*doomed', dom))
+        assert outlined == len([op for op in sg["stages"][step]["gir"]["ops"] if op["uid"] in doomed])
     dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition")
     assert console == [] and _attrs(dom)["view"] == "partition"
     assert len(re.findall(r'<g class="node[ "]', dom)) == len(data["partition"]["nodes"]) + 4  # + 2 in, 2 out

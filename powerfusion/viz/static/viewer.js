@@ -107,9 +107,11 @@
   function girGraph(sg, stage) {
     const G = stage.gir;
     const added = new Set(stage.added || []);
+    const next = sg.stages[state.step + 1];   // what the next rule will replace, outlined in orange
+    const doomed = new Set(next && next.kind === "rule" ? next.changed : []);
     const nodes = G.ops.map((o) => ({id: String(o.index), label: o.label,
       sub: (o.origin ? o.origin + " " : "") + "#" + o.uid, kind: o.kind, scope: o.scope, cluster: o.cluster,
-      added: added.has(o.uid), data: o,
+      added: added.has(o.uid), doomed: doomed.has(o.uid), data: o,
       search: [o.label, o.origin, String(o.uid)].concat(o.inputs.map((s) => s.buffer), o.outputs.map((s) => s.buffer))}));
     const ids = new Set(nodes.map((n) => n.id));
     const edges = [];
@@ -220,6 +222,7 @@
       const b = d.node(n.id);
       const cls = ["node"];
       if (n.added) cls.push("added");
+      if (n.doomed) cls.push("doomed");
       if (state.node === n.id) cls.push("selected");
       const grp = el("g", {class: cls.join(" "), transform: "translate(" + b.x + "," + b.y + ")"}, root);
       grp.dataset.id = n.id;
@@ -299,7 +302,9 @@
     const lab = html("span", n ? (state.step + 1) + "/" + n + ": " + stage.label : "no stages", bar);
     lab.id = "stage-label";
     if (stage && stage.kind === "rule")
-      html("span", "replaced #" + stage.changed.join(", #") + (stage.added.length ? "; new #" + stage.added.join(", #") : ""), bar, "muted");
+      html("span", "replaced #" + stage.changed.join(", #") + (stage.added.length ? "; new #" + stage.added.join(", #") + " (red dashes)" : ""), bar, "muted");
+    const coming = sg.stages[state.step + 1];
+    if (coming && coming.kind === "rule") html("span", "next: " + coming.rule + " on #" + coming.changed.join(", #") + " (orange)", bar, "muted");
     legend(bar, false);
   }
   function legend(bar, partition) {
