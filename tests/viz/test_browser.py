@@ -37,7 +37,9 @@ def test_harness_sees_console_errors(tmp_path):
 def test_loads_without_console_messages_and_draws(page):
     path, data = page
     sg = data["subgraphs"][0]
-    for step in (0, len(sg["stages"]) - 1):
+    merged = next(k for k, s in enumerate(sg["stages"]) if s["kind"] == "merged")
+    assert sg["stages"][merged + 1]["kind"] == "rule"
+    for step in (0, merged, len(sg["stages"]) - 1):
         dom, console = chromium.dump_dom(f"{path.as_uri()}#view={sg['name']}&step={step}")
         assert console == [], console
         attrs = _attrs(dom)
@@ -49,6 +51,7 @@ def test_loads_without_console_messages_and_draws(page):
         doomed = set(coming["changed"]) if coming and coming["kind"] == "rule" else set()
         outlined = len(re.findall(r'<g class="node[^"]*doomed', dom))
         assert outlined == len([op for op in sg["stages"][step]["gir"]["ops"] if op["uid"] in doomed])
+        assert outlined > 0 if step == merged else outlined == 0
     dom, console = chromium.dump_dom(f"{path.as_uri()}#view=partition")
     assert console == [] and _attrs(dom)["view"] == "partition"
     assert len(re.findall(r'<g class="node[ "]', dom)) == len(data["partition"]["nodes"]) + 4  # + 2 in, 2 out
