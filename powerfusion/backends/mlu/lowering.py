@@ -16,7 +16,7 @@ from __future__ import annotations
 from powerfusion.backends.c_lowering import _op_line_ranges
 from powerfusion.backends.c_renderer import KernelSource, RenderError
 from powerfusion.backends.mlu.ops import Frame, OpEmitter
-from powerfusion.gir.expr import loads
+from powerfusion.gir.expr import BinOp, Const, U, loads
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, Move, Reduce, Scope, Sync
 
@@ -45,6 +45,7 @@ class MLUKernel(OpEmitter):
                 raise RenderError(f"kernel {name}: buffer '{b}' has dtype {self.graph.buffer(b).dtype}, which the "
                                   f"MLU backend does not emit (supported: {', '.join(renderer.ctype)})")
         self.pipelined = bool(renderer.pipeline) and not self.shared_mode and self._can_pipeline()
+        self.units = self._unit_bound()
 
     # ---- analysis ---------------------------------------------------------------------
     def _onchip_buffers(self) -> list[str]:
@@ -54,6 +55,20 @@ class MLUKernel(OpEmitter):
                 if s.level != Level.GLOBAL and s.buffer not in seen:
                     seen.append(s.buffer)
         return seen
+
+    def _unit_bound(self) -> int:
+        """Units the kernel can touch: a graph's kernels share its Parallel, but when every op
+        is guarded by `u < N` the units past the largest N have nothing to do."""
+        bound = 0
+        for op in self.ops:
+            if isinstance(op.args, Sync):
+                continue
+            g = op.guard
+            if isinstance(g, BinOp) and g.op == "lt" and g.a == U and isinstance(g.b, Const):
+                bound = max(bound, g.b.value)
+            else:
+                return self.P.units
+        return min(bound, self.P.units) or self.P.units
 
     @staticmethod
     def is_load(op: GOp) -> bool:
@@ -144,7 +159,7 @@ class MLUKernel(OpEmitter):
     def _body_plain(self) -> list[str]:
         self.frame = Frame("u", self._bufs("r"))
         body = [x for op in self.ops for x in self._op_lines(op)]
-        return [f"for (int u = taskId; u < {self.P.units}; u += taskDim) {{", *["  " + x for x in body], "}"]
+        return [f"for (int u = taskId; u < {self.units}; u += taskDim) {{", *["  " + x for x in body], "}"]
 
     def _body_pipelined(self) -> list[str]:
         loads_ = [op for op in self.ops if self.is_load(op)]
@@ -165,8 +180,8 @@ class MLUKernel(OpEmitter):
                 stored.add(op.outputs[0].buffer)
             compute += self._op_lines(op)
         ctype = {b: self.r.ctype[self.graph.buffer(b).dtype] for b in self.onchip}
-        U = self.P.units
-        return [f"const int pf_iters = taskId < {U} ? ({U} - 1 - taskId) / taskDim + 1 : 0;",
+        n = self.units
+        return [f"const int pf_iters = taskId < {n} ? ({n} - 1 - taskId) / taskDim + 1 : 0;",
                 "if (pf_iters > 0) {  // prologue: the first unit's loads into buffer set 0",
                 "  const int u_next = taskId;", *["  " + x for x in prologue], "}",
                 "for (int pf_k = 0; pf_k < pf_iters; ++pf_k) {", "  const int u = taskId + pf_k * taskDim;",
@@ -298,7 +313,7 @@ class MLUKernel(OpEmitter):
         cores = self.r.cores_per_cluster
         if self.shared_mode:
             return cores * min(self.P.groups, self.r.clusters), "CNRT_FUNC_TYPE_UNION1"
-        return cores * min(-(-self.P.units // cores), self.r.clusters), "CNRT_FUNC_TYPE_UNION1"
+        return cores * min(-(-self.units // cores), self.r.clusters), "CNRT_FUNC_TYPE_UNION1"
 
 
 _SRAM_ARENA = """#ifndef PF_SRAM_BYTES
