@@ -56,6 +56,7 @@ class PlanChoice:
     source: str = "search"         # "search" | "memo" | "disk"
     seconds: float = 0.0           # wall time spent choosing
     labels: tuple[str, ...] = field(default=())
+    note: str = ""                 # set when no rewritten plan was feasible and a merged plan runs as lowered
 
 
 def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str = "cuda", *, tune: bool = False,
@@ -174,10 +175,19 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
                 else:
                     valid = [c]
                     break
+    note = ""
+    if not valid:  # every rewritten plan was rejected: run a merged plan as lowered (correct, slower)
+        note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note})[:2])
+        for c in cands:
+            if not feasibility(c.merged, t):
+                c.optimised, c.trace, c.note = c.merged, (), ""
+                c.estimate = estimate(c.merged, t)
+                c.predicted = predict_seconds(c.estimate, t)
+        valid = sorted((c for c in cands if c.optimised is c.merged and math.isfinite(c.predicted)),
+                       key=lambda c: c.predicted)
     if not valid:
         from powerfusion.errors import PowerFusionError
-        notes = "; ".join(sorted({c.note for c in cands if c.note})[:3])
-        raise PowerFusionError(f"subgraph {sub.name}: no feasible plan for {t.name} ({notes})")
+        raise PowerFusionError(f"subgraph {sub.name}: no feasible plan for {t.name} ({note[:600]})")
     top = valid[:TOP_K]
     measured = {}
     if tune:
@@ -189,7 +199,7 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     ranked = tuple(RankedPlan(c.labels, c.predicted, measured.get(id(c)), len(c.optimised.kernels()))
                    for c in top)
     return PlanChoice(win.optimised, win.merged, win.trace, win.predicted, measured.get(id(win)), win.estimate,
-                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels)
+                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels, note=note[:600])
 
 
 def _evaluate(c: _Cand, t: TargetSpec) -> None:

@@ -136,3 +136,21 @@ def test_choose_plans_spreads_distinct_structures_over_processes(cache):
     out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
     assert [c.source for c in out] == ["disk", "disk"]      # both searched in workers
     assert len(list((cache / "plans").glob("*.pkl"))) == 2
+
+
+def test_merged_plan_runs_when_every_rewrite_is_rejected(two_layernorms, cache, monkeypatch):
+    import powerfusion.rewrite as rw
+
+    def broken(graph):
+        raise rw.driver.RewriteInvariantError("rule broke an invariant (simulated)")
+
+    monkeypatch.setattr(rw, "optimise", broken)
+    graph, (a, _) = two_layernorms
+    pc = choose_plan(a, graph, H100, limit=4, beam=2, cache=False)
+    assert pc.graph is pc.merged and pc.trace == ()
+    assert "rewrites rejected" in pc.note and "simulated" in pc.note
+    assert pc.estimate.launches == len(pc.merged.kernels()) > 1
+    x = np.random.default_rng(2).standard_normal((R, N)).astype(np.float32)
+    out = run_gir(pc.graph, {pc.graph.inputs[0]: x.reshape(-1)})
+    g, b = (graph.constants[t] for t in ("g1", "b1"))
+    np.testing.assert_allclose(out[pc.graph.outputs[0]].reshape(R, N), _layernorm_ref(x, g, b), rtol=1e-5, atol=1e-5)
