@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$OUT/gpu.
 timeout 75 python3 benchmarks/calibrate.py "$OUT" > "$OUT/calibrate.log" 2>&1
 echo "calibrate rc=$?"
 CAL=$(ls "$OUT"/calibration-*.json 2>/dev/null | head -1)
-timeout "${ACCURACY_TIMEOUT:-200}" python3 benchmarks/perfmodel_accuracy.py run out/perfmodel_plans.pkl "$OUT" ${CAL:+"$CAL"} \
+timeout "${ACCURACY_TIMEOUT:-200}" python3 benchmarks/perfmodel_accuracy.py run "${PLANS:-out/perfmodel_plans.pkl}" "$OUT" ${CAL:+"$CAL"} \
     > "$OUT/accuracy.log" 2>&1
 echo "accuracy rc=$?"
 timeout 60 python3 -m pytest -q -m gpu tests/perfmodel -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1
