@@ -10,7 +10,8 @@ from powerfusion.viz import write
 from tests.viz import chromium
 from tests.viz.models import channel_shuffle, relu_add
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser,   # driven through the executable's flags, not playwright
+              pytest.mark.skipif(chromium.executable() is None, reason="needs a chromium executable on PATH")]
 CANVAS = (245, 200, 1040, 900)   # the graph area of a 1400x900 window (sidebar 240, details 340)
 
 
