@@ -207,7 +207,7 @@ def _unit_phases(log, task: int, width: int, task_dim: int):
     issue = {e.srcs[0].offset // (width * 4): e for e in ev if e.kind in ("memcpy_issue", "memcpy")
              and e.op == "GDRAM2NRAM" and e.srcs[0].buffer == "x_0"}
     done = {e.copy: e.seq for e in ev if e.kind in ("memcpy_complete", "memcpy")}
-    waits = [e.seq for e in ev if e.kind == "wait"]
+    waits = [e.seq for e in ev if e.kind == "wait" and e.op == "__sync_io"]
     computes = [e for e in ev if e.kind == "compute"]
     units = sorted(issue)
     out = []
@@ -238,6 +238,9 @@ def test_pipelined_form_overlaps_the_next_load_with_compute():
         assert completed > max(comp), f"load of unit {u_next} completed before unit {u} finished computing"
     stores = [e for e in log.of_task(0) if e.kind == "memcpy_issue" and e.op == "NRAM2GDRAM"]
     assert len(stores) == 3  # the stores are asynchronous too
+    for st in stores:  # ... and wait for the compute pipe's results first
+        before = [e for e in log.of_task(0) if e.seq < st.seq and e.kind in ("compute", "wait")]
+        assert before[-1].op == "__sync_compute"
 
 
 def test_plain_form_does_not_overlap():

@@ -172,12 +172,17 @@ class MLUKernel(OpEmitter):
         self.frame = Frame("u_next", nxt, True)
         prefetch = [x for op in loads_ for x in self._op_lines(op)]
         self.frame = Frame("u", cur, True)
-        compute, stored = [], set()
+        compute, stored, computed = [], set(), False
         for op in rest:
             if isinstance(op.args, Move) and op.outputs[0].level == Level.GLOBAL:
+                if computed:
+                    compute.append("__sync_compute();  // results in NRAM before the IO pipe reads them")
+                    computed = False
                 if op.outputs[0].buffer in stored:
                     compute.append("__sync_io();  // a second store to the same buffer: let the first land")
                 stored.add(op.outputs[0].buffer)
+            elif not isinstance(op.args, Sync):
+                computed = True
             compute += self._op_lines(op)
         ctype = {b: self.r.ctype[self.graph.buffer(b).dtype] for b in self.onchip}
         n = self.units
