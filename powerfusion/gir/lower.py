@@ -116,16 +116,51 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
         return False
     if all(w.pattern() == r.pattern() and np.array_equal(wu, ru) for w, wu in ws for r, ru in rs):
         return True
-    readers = _sample_units([ru for _, ru in rs], sample)
+    biggest = max(x.count for x, _ in ws + rs)
+    readers = _sample_units([ru for _, ru in rs], max(4, min(sample, (1 << 17) // max(biggest, 1))))
     lanes = gp.parallel.lanes
+    if len(ws) == 1 and len(rs) == 1:
+        if _same_elements(ws[0], rs[0], readers):
+            return True
+        if not _within_range(ws[0], rs[0], readers[:1]):
+            return False
     wk = [_keys(w, _members(readers, wu), lanes) for w, wu in ws]
     rk = [_keys(r, _members(readers, ru), lanes) for r, ru in rs]
     if any(k is None for k in wk + rk):
         return False  # data-dependent addresses never line up
-    w, r = np.sort(np.concatenate(wk)), np.concatenate(rk)
+    w, r = np.concatenate(wk), np.concatenate(rk)
+    if w.size > 1 and not np.all(w[1:] >= w[:-1]):  # row-major writes come out sorted already
+        w = np.sort(w)
     if w.size == 0:
         return r.size == 0
     return bool(np.all(w[np.minimum(np.searchsorted(w, r), w.size - 1)] == r))
+
+
+def _same_elements(w, r, readers) -> bool:
+    """Cheap sufficient test: on the sampled units both slices touch the same addresses at the
+    same positions with the same lane layout (patterns that differ only in how they are written)."""
+    (ws, wu), (rs, ru) = w, r
+    if (ws.num, ws.width, ws.vec) != (rs.num, rs.width, rs.vec) or loads(ws.index) or loads(rs.index):
+        return False
+    if (ws.valid is not None and loads(ws.valid)) or (rs.valid is not None and loads(rs.valid)):
+        return False
+    units = _members(readers, ru)
+    if not np.array_equal(units, _members(readers, wu)):
+        return False
+    rm = rs.mask(units)
+    return bool(np.all(ws.mask(units)[rm]) and np.array_equal(ws.addresses(units)[rm], rs.addresses(units)[rm]))
+
+
+def _within_range(w, r, units) -> bool:
+    """Cheap necessary test: a unit's reads lie within the address range it wrote."""
+    (ws, wu), (rs, ru) = w, r
+    units = _members(units, ru)
+    if units.size == 0 or loads(ws.index) or loads(rs.index):
+        return True
+    if _members(units, wu).size != units.size:
+        return False
+    wa, ra = ws.addresses(units)[ws.mask(units)], rs.addresses(units)[rs.mask(units)]
+    return ra.size == 0 or (wa.size > 0 and wa.min() <= ra.min() and ra.max() <= wa.max())
 
 
 def _sample_units(unit_sets: list[np.ndarray], sample: int) -> np.ndarray:
