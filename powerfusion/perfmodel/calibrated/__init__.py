@@ -1,0 +1,1 @@
+"""Stored calibrations (JSON per target key), applied by specs.get_target."""
