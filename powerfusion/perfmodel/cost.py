@@ -28,8 +28,8 @@ from functools import lru_cache
 import numpy as np
 
 from powerfusion.gir.expr import evaluate, loads
-from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Parallel, Reduce, Sync
-from powerfusion.gir.traffic import LEVELS, _elements, _itemsize, _units
+from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Sync
+from powerfusion.gir.traffic import _elements, _itemsize, _units
 from powerfusion.perfmodel.specs import MemorySystem, Occupancy, TargetSpec, get_target
 
 ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops; registers bound it)
@@ -324,16 +324,6 @@ def _flops(op: GOp, units: np.ndarray, P: Parallel) -> float:
 
 
 # ---- sampled access patterns --------------------------------------------------------------
-
-def _sample_grid(s: MemorySlice, units: np.ndarray, P: Parallel):
-    """One warp access of a few sample units: segments i = 0, 1 and the first lanes x vec
-    elements of the segment (what the lanes touch together)."""
-    pick = units[np.unique(np.linspace(0, len(units) - 1, min(4, len(units))).astype(np.int64))]
-    u = pick[:, None, None]
-    i = np.arange(min(s.num, 2), dtype=np.int64)[None, :, None]
-    j = np.arange(min(s.width, P.lanes * max(1, s.vec)), dtype=np.int64)[None, None, :]
-    return u, i, j
-
 
 def _sector_amplification(s: MemorySlice, units: np.ndarray, P: Parallel, mem: MemorySystem | None) -> float:
     if mem is None or loads(s.index):

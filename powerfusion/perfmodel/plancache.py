@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from powerfusion.frontend.basic import BasicGraph, Subgraph
-from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, binop, select
-from powerfusion.gir.ir import GIRGraph, GOp, MemorySlice
+from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var
+from powerfusion.gir.ir import GIRGraph, MemorySlice
 from powerfusion.perfmodel.specs import TargetSpec
 
 FORMAT = 2

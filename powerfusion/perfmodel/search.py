@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from powerfusion.frontend.basic import BasicGraph, Subgraph
-from powerfusion.gir.ir import GIRGraph, Level, Scope, Sync
+from powerfusion.gir.ir import GIRGraph, Level, Sync
 from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
 from powerfusion.perfmodel.specs import TargetSpec, get_target
 
