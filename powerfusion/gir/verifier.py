@@ -32,7 +32,7 @@ from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, Me
                                 Sync)
 from powerfusion.scalar import SCALAR_FNS
 
-CAP = 1 << 22  # elements of evaluation and per-element state the walk may hold
+CAP = 1 << 21  # elements of evaluation and per-element state the walk may hold
 _REDUCE_FNS = ("sum", "max", "min", "prod")
 
 
