@@ -257,7 +257,8 @@ def default_choice(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> dict
     return _descend(_Plan(subgraph, graph, target))
 
 
-def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda", limit: int = 16) -> list[dict[str, Candidate]]:
+def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
+                    limit: int = 16) -> list[dict[str, Candidate]]:
     """Template choices for the perf-model search: the default first, then for every op and
     every other candidate of it, the plan with that candidate fixed and the rest re-matched
     around it (so whole families -- all row-per-unit, all column-wise -- appear). Deduplicated."""

@@ -19,17 +19,17 @@ Data flow, by walking the schedule and evaluating every slice with numpy:
 * every element of every graph output is written.
 
 Huge graphs: when evaluating all units (their largest slice, or their register and shared
-state) would exceed `cap` elements, only whole groups are checked -- the first, the last and a seeded random subset. Register
-and shared checks stay exact for those groups; for GLOBAL buffers an element written by an
-unchecked unit is unknown, so unwritten-read and output-coverage checks are skipped.
+state) would exceed `cap` elements, only whole groups are checked -- the first, the last
+and a seeded random subset. Register and shared checks stay exact for those groups; for
+GLOBAL buffers an element written by an unchecked unit is unknown, so unwritten-read and
+output-coverage checks are skipped.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, loads, variables
-from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope,
-                                Sync)
+from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, Move, Reduce, Scope, Sync
 from powerfusion.scalar import SCALAR_FNS
 
 CAP = 1 << 21  # elements of evaluation and per-element state the walk may hold

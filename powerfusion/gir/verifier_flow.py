@@ -105,8 +105,9 @@ class _Flow:
             hi = np.broadcast_to(hi, mask.shape[:1] + (s.num, s.width)).reshape(mask.shape)
             bad = mask & ((lo < 0) | (hi >= size))
             if np.any(bad):
+                who = np.broadcast_to(units[:, None], bad.shape)[bad][0]
                 self.fail(k, op, f"slice {s.describe()} may touch [{lo[bad][0]}, {hi[bad][0]}] outside "
-                                 f"'{s.buffer}' ({size} elements) for unit {np.broadcast_to(units[:, None], bad.shape)[bad][0]}"
+                                 f"'{s.buffer}' ({size} elements) for unit {who}"
                                  " (bound the loaded index)")
             return None
         addr = s.addresses(units)

@@ -19,7 +19,7 @@ import numpy as np
 
 from powerfusion.errors import NodeError
 from powerfusion.frontend.basic import BasicNode, TensorInfo
-from powerfusion.gir.expr import ONE, Const, Expr, I, J, U, const, emax, emin, select
+from powerfusion.gir.expr import Expr, I, J, U, const, emax, emin, select
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Parallel
 from powerfusion.perfmodel.specs import TargetSpec, get_target
 

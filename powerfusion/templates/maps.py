@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from powerfusion.gir.expr import Expr, I, J, U, affine_coefficient, const, substitute, variables
+from powerfusion.gir.expr import Expr, U, affine_coefficient, const, substitute, variables
 from powerfusion.gir.ir import Broadcast, Elementwise, Move, Parallel
 from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, chunk_tiling, coords,
                                           cyclic_tiling, prod, reg_dtype, rows_tiling, view_index)
@@ -79,7 +79,8 @@ def load(em: Emitter, src: Source, pieces, shape, num: int, W: int, vec: int, ta
         # one value per segment (or per unit): load num x 1 (or 1 x 1) and broadcast
         per_seg = "i" in variables(index)
         n1 = num if per_seg else 1
-        v1 = substitute(valid, {"j": const(0)} if per_seg else {"j": const(0), "i": const(0)}) if valid is not None else None
+        zero = {"j": const(0)} if per_seg else {"j": const(0), "i": const(0)}
+        v1 = substitute(valid, zero) if valid is not None else None
         g = em.gslice(src.tensor, index, n1, 1, 1, v1, src.fill)
         r = em.reg(f"{suffix}1", n1, 1, dt)
         em.op(Move(), [g], [r], guard)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
-import numpy as np
-
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import Expr, Load, const, select, emin, emax
 from powerfusion.templates.common import (Candidate, Ctx, Infeasible, View, and_, contiguous_strides,
-                                          contiguous_view, fill_value, in_range, prod, wrap_clamp)
+                                          contiguous_view, fill_value, in_range, wrap_clamp)
 from powerfusion.templates.maps import Part, Source, TileParams, build_parts, map_tilings, vecs_for
 
 

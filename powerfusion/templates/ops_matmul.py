@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from powerfusion.frontend import basic as B
-from powerfusion.gir.expr import Expr, I, J, U, const
+from powerfusion.gir.expr import Expr, I, J, U
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
 from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           in_range, prod, reg_dtype)

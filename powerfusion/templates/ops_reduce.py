@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from powerfusion.frontend import basic as B
-from powerfusion.gir.expr import I, J, U, const
+from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
                                           reg_dtype, view_index)
-from powerfusion.gir.expr import affine_coefficient
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,8 @@ and the concat with one unit per output row (guarded loads from the input owning
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
-from powerfusion.gir.expr import Expr, I, J, U, const
+from powerfusion.gir.expr import I, J, U
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Scope, Sync
 from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           contiguous_view, coords, in_range, prod, reg_dtype, view_index)

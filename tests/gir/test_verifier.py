@@ -97,7 +97,8 @@ def test_shapes_and_levels():
     with pytest.raises(GIRVerifyError, match="registers"):
         verify(broken(g, 1, inputs=(g.ops[0].inputs[0],)))
     with pytest.raises(GIRVerifyError, match="operand"):
-        verify(broken(g, 6, inputs=(g.ops[6].inputs[0], MemorySlice.strided("y", Level.REGISTER, 0, 2, 64, 64, "float32"))))
+        other = MemorySlice.strided("y", Level.REGISTER, 0, 2, 64, 64, "float32")
+        verify(broken(g, 6, inputs=(g.ops[6].inputs[0], other)))
     r = MemorySlice.strided("x", Level.REGISTER, 0, 1, 128, 128, "float32")
     with pytest.raises(GIRVerifyError, match="reduce over width"):
         verify(broken(g, 1, args=Reduce("sum", "width"), outputs=(r,)))

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 
 from powerfusion.frontend import basic as B
 from powerfusion.gir.ir import Level, Scope, Sync
-from powerfusion.gir.lower import (LowerError, _Plan, _descend, enumerate_plans, lines_up, lower_subgraph,
+from powerfusion.gir.lower import (_Plan, _descend, enumerate_plans, lines_up, lower_subgraph,
                                    templates_of)
 from tests.templates.helpers import check_lowered
 from tests.templates.strategies import GraphBuilder, basic_cases
@@ -111,7 +111,8 @@ def test_channel_shuffle_plane_per_unit():
     case = shuffle_case()
     plans = enumerate_plans(case.subgraph, case.graph, limit=64)
     def plane(c):  # rows of the two trailing dims (H, W): one unit per channel plane
-        return getattr(c.params, "kind", "") == "rows" and len(c.ctx.tensors[c.node.outputs[0]].shape) - c.params.split == 2
+        rank = len(c.ctx.tensors[c.node.outputs[0]].shape)
+        return getattr(c.params, "kind", "") == "rows" and rank - c.params.split == 2
     planes = [p for p in plans if all(plane(c) for c in p.values())]
     assert planes
     for p in planes[:2] + plans[:3]:

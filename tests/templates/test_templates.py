@@ -72,7 +72,8 @@ def test_transpose(shape, perm):
 
 @pytest.mark.parametrize("shape,axes,keep", [((3, 5, 70), (2,), True), ((3, 5, 70), (0, 1), False),
                                              ((6, 300), (1,), False), ((300, 6), (0,), True),
-                                             ((4, 6, 5), (1,), True), ((4, 6, 5), (0, 2), False), ((1000,), (0,), False)])
+                                             ((4, 6, 5), (1,), True), ((4, 6, 5), (0, 2), False),
+                                             ((1000,), (0,), False)])
 @pytest.mark.parametrize("fn", ["sum", "max"])
 def test_reduce(shape, axes, keep, fn):
     cands = check_node_candidates(one(B.Reduce(fn, axes, keep), [shape]),
