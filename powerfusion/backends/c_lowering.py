@@ -47,7 +47,7 @@ class KernelLowering:
             for s in op.inputs + op.outputs:
                 if s.level != Level.REGISTER:
                     continue
-                if s.index != I * s.width + J and not (s.num == 1 and s.index == J) and not (s.width == 1 and s.index == I):
+                if not _identity_layout(s):
                     raise _err(f"register slice {s.describe()} of '{op.describe()}' is not in identity layout")
                 buf = self.graph.buffer(s.buffer)
                 if s.width == 1:
@@ -392,3 +392,15 @@ def _op_line_ranges(src: str) -> dict[int, tuple[int, int]]:
         elif cur is not None and t != "}" or (cur is not None and t == "}" and n < len(lines)):
             out[cur] = (out[cur][0], n)
     return out
+
+
+def _identity_layout(s: MemorySlice) -> bool:
+    """Register tiles are stored row-major: index(i, j) == i * width + j for every element."""
+    if s.index == I * s.width + J:
+        return True
+    if variables(s.index) - {"i", "j"}:
+        return False
+    i, j = np.meshgrid(np.arange(s.num), np.arange(s.width), indexing="ij")
+    from powerfusion.gir.expr import evaluate
+    got = np.broadcast_to(evaluate(s.index, {"i": i, "j": j}), i.shape)
+    return bool(np.array_equal(got, i * s.width + j))

@@ -1,7 +1,8 @@
 """The numpy interpreter of GIR: the semantic reference for every template and rule.
 
 Units run in lockstep, one gOperator at a time over all active units (vectorised),
-so a missing sync is not visible here: the verifier checks sync placement. Register
+so a missing sync is not visible here: the verifier checks sync placement. A DEVICE sync
+is a kernel boundary: register and shared buffers are poisoned there, as on hardware. Register
 buffers are [units, size] arrays, shared buffers [groups, size], global buffers flat.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Sync)
+from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.scalar import scalar_fn
 
 
@@ -138,8 +139,17 @@ def _exec_broadcast(st: _State, op: GOp, units):
     st.write(dst, units, out, np.ones(out.shape, dtype=bool))
 
 
+def _exec_sync(st: _State, op: GOp, units):
+    """A DEVICE sync is a kernel boundary: register and shared data do not survive it."""
+    if op.args.scope != Scope.DEVICE:
+        return
+    for b in st.graph.buffers:
+        if b.level != Level.GLOBAL:
+            st.arrays[b.name][...] = _poison(st.arrays[b.name].dtype, st.arrays[b.name].shape)
+
+
 EXECUTORS = {Move: _exec_move, Elementwise: _exec_elementwise, Reduce: _exec_reduce,
-             Broadcast: _exec_broadcast, Sync: lambda st, op, units: None}
+             Broadcast: _exec_broadcast, Sync: _exec_sync}
 
 
 def run_gir(graph: GIRGraph, feeds: Mapping[str, np.ndarray], shapes: Mapping[str, tuple] | None = None):
@@ -148,7 +158,7 @@ def run_gir(graph: GIRGraph, feeds: Mapping[str, np.ndarray], shapes: Mapping[st
     st = _State(graph, feeds)
     for op in graph.ops:
         units = op.active_units(graph.parallel.units, st.arrays)
-        if len(units):
+        if len(units) or isinstance(op.args, Sync):
             EXECUTORS[type(op.args)](st, op, units)
     shapes = shapes or {}
     return {n: st.arrays[n].reshape(shapes.get(n, (-1,))) for n in graph.outputs}
