@@ -41,12 +41,16 @@ def make_inputs(case, seed):
 class Ours:
     """A compiled single-subgraph plan bound to torch tensors (zero copy)."""
 
-    def __init__(self, case):
+    def __init__(self, case, plans_dir=None):
         from powerfusion.backends.cuda.executor import GIRExecutor
         from powerfusion.compiler import compile_model
+        from precompile import case_key, load_plan
         t0 = time.perf_counter()
-        self.plan = compile_model(case.model, "cuda")
-        self.compile_s = time.perf_counter() - t0
+        self.plan = load_plan(plans_dir, case_key(case)) if plans_dir else None
+        if self.plan is None and plans_dir:
+            raise RuntimeError("not compiled in the precompile step (see compile.json)")
+        self.plan = self.plan or compile_model(case.model, "cuda")
+        self.compile_s = sum(self.plan.timings.values())
         if self.plan.library_steps or len(self.plan.kernel_steps) != 1:
             raise RuntimeError(f"expected one memory-bound subgraph, got {len(self.plan.kernel_steps)} "
                                f"and {len(self.plan.library_steps)} library call(s)")
@@ -90,12 +94,12 @@ def _first(x):
     return x[0] if isinstance(x, tuple) else x
 
 
-def run_case(case, copy_bw, l2) -> list[dict]:
+def run_case(case, copy_bw, l2, plans_dir=None) -> list[dict]:
     import torch
     shape = list(next(iter(case.inputs.values()))[0])
     base = {"suite": case.suite, "case": case.name, "dtype": case.dtype, "shape": shape}
     try:
-        ours = Ours(case)
+        ours = Ours(case, plans_dir)
     except Exception as e:
         return [{**base, "impl": "powerfusion", "error": f"{type(e).__name__}: {str(e)[:400]}"}]
     sets = [make_inputs(case, s) for s in range(input_sets_needed(case.bytes, l2))]
@@ -157,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--plans", default=None, help="folder of precompiled plans (precompile.py)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     copy_bw, l2 = copy_bandwidth(), l2_bytes()
@@ -174,7 +179,7 @@ def main(argv=None) -> int:
                          "error": "not run: benchmark time budget spent"})
             continue
         try:
-            new = run_case(case, copy_bw, l2)
+            new = run_case(case, copy_bw, l2, args.plans)
         except Exception as e:
             traceback.print_exc()
             new = [{"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",

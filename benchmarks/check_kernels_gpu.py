@@ -76,12 +76,36 @@ def check_plan(plan) -> list[dict]:
     return rows
 
 
+def check_precompiled(plans_dir, out) -> int:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from precompile import load_plan
+    report = {}
+    for p in sorted((ROOT / "models" / "small").glob("*.onnx")):
+        plan = load_plan(plans_dir, p.stem)
+        if plan is None:
+            report[p.stem] = {"compile_error": "not compiled (see compile.json)"}
+            print(p.stem, "not compiled", flush=True)
+            continue
+        rows = check_plan(plan)
+        bad = [r for r in rows if not r["ok"]]
+        report[p.stem] = {"subgraphs": rows, "ok": not bad, "kernels": sum(r["kernels"] for r in rows)}
+        print(p.stem, f"{len(rows) - len(bad)}/{len(rows)} subgraphs ok", flush=True)
+        for r in bad:
+            print("   BAD", json.dumps(r)[:500], flush=True)
+    if out:
+        Path(out, "kernel_check.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout-s", type=float, default=240)
+    ap.add_argument("--plans", default=None, help="folder of precompiled plans (precompile.py)")
     ap.add_argument("models", nargs="*")
     args = ap.parse_args(argv)
+    if args.plans:
+        return check_precompiled(args.plans, args.out)
     paths = [str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))] if not args.models else args.models
     report = {}
     with mp.get_context("fork").Pool(min(len(paths), 12)) as pool:

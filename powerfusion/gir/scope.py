@@ -18,7 +18,7 @@ import numpy as np
 from powerfusion.gir.expr import loads
 from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope
 
-CAP = 1 << 24
+CAP = 1 << 21
 
 
 def _uses_loads(s: MemorySlice) -> bool:

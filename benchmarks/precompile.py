@@ -1,0 +1,77 @@
+"""Compile many models in parallel processes (the compile pipeline is single-threaded Python)
+and keep each Plan as a pickle, so GPU scripts spend their device time on the device.
+
+    PYTHONPATH=$PWD python3 benchmarks/precompile.py --out DIR [--timeout-s 150] [--jobs 14]
+
+Compiles every committed small model and every benchmark case (gir_cases.py). Writes
+DIR/<key>.pkl and DIR/compile.json (seconds or the error per key).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import pickle
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def case_key(case) -> str:
+    return f"{case.name}-{case.dtype}"
+
+
+def jobs() -> dict:
+    import gir_cases
+    out = {p.stem: str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))}
+    for case in gir_cases.norm_cases() + gir_cases.subgraph_cases():
+        out[case_key(case)] = case.model.SerializeToString()
+    return out
+
+
+def _compile(key, model, out_dir):
+    from powerfusion.compiler import compile_model
+    t0 = time.perf_counter()
+    try:
+        plan = compile_model(model, "cuda")
+        Path(out_dir, f"{key}.pkl").write_bytes(pickle.dumps(plan))
+        return key, time.perf_counter() - t0, None
+    except Exception as e:
+        return key, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:500]}"
+
+
+def load_plan(plans_dir, key):
+    p = Path(plans_dir, f"{key}.pkl")
+    return pickle.loads(p.read_bytes()) if p.exists() else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout-s", type=float, default=150)
+    ap.add_argument("--jobs", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
+    args = ap.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    work = jobs()
+    report = {}
+    t0 = time.time()
+    with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=1) as pool:
+        pending = {k: pool.apply_async(_compile, (k, m, args.out)) for k, m in work.items()}
+        for k, job in pending.items():
+            try:
+                _, secs, err = job.get(timeout=max(1.0, t0 + args.timeout_s - time.time()))
+                report[k] = {"compile_s": round(secs, 2)} if err is None else {"compile_s": round(secs, 2), "error": err}
+            except mp.TimeoutError:
+                report[k] = {"error": f"compile did not finish within {args.timeout_s:.0f} s (all jobs share it)"}
+            print(k, report[k], flush=True)
+        pool.terminate()
+    Path(args.out, "compile.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
