@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from powerfusion.viz.adapter import ModelRun, SubgraphRun, combined, from_gir, from_model, from_plan
-from powerfusion.viz.gir_json import gir_json
+from powerfusion.viz.gir_json import Memo, gir_json
 
 FORMAT_VERSION = 1
 
@@ -121,17 +121,18 @@ def subgraph_data(r: SubgraphRun) -> dict:
     from powerfusion.gir.traffic import traffic
     sub = r.subgraph
     stages = []
+    memo = Memo()   # the stages share most gOperators: describe each once
     both = combined(r.templates, sub.name)
     if both is not None:
         g, groups = both
-        gj = gir_json(g)
+        gj = gir_json(g, memo)
         for op, group in zip(gj["ops"], groups):
             op["kernel"], op["cluster"] = None, group
         stages.append(_stage("templates", "chosen templates (not merged)", gj))
     if r.merged is not None:
-        stages.append(_stage("merged", "merged (DEVICE syncs between templates)", gir_json(r.merged)))
+        stages.append(_stage("merged", "merged (DEVICE syncs between templates)", gir_json(r.merged, memo)))
     for k, step in enumerate(r.trace):
-        gj = gir_json(step.after)
+        gj = gir_json(step.after, memo)
         before = {op.uid for op in step.before.ops}
         stage = _stage("rule", f"rule {k + 1}: {step.rule}", gj)
         stage.update(rule=step.rule, changed=list(step.changed),
@@ -140,7 +141,7 @@ def subgraph_data(r: SubgraphRun) -> dict:
                               if u not in {o.uid for o in step.after.ops}])
         stages.append(stage)
     if r.final is not None:
-        stages.append(_stage("final", "final (what is rendered)", gir_json(r.final)))
+        stages.append(_stage("final", "final (what is rendered)", gir_json(r.final, memo)))
     for s in stages:
         for op in s["gir"]["ops"]:
             op.setdefault("cluster", None if op["kernel"] is None else f"kernel {op['kernel']}")

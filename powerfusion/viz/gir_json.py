@@ -12,31 +12,55 @@ from __future__ import annotations
 from powerfusion.gir.ir import GIRGraph, GOp, MemorySlice, Scope, Sync
 
 
+class Memo:
+    """JSON of gOperators and slices by object identity: the stages of one trace share most of
+    their (immutable) gOperators, so each is described once. Holds the objects, so ids stay valid."""
+
+    def __init__(self):
+        self.ops: dict[int, tuple[GOp, dict]] = {}
+        self.slices: dict[int, tuple[MemorySlice, dict]] = {}
+
+    def slice(self, s: MemorySlice) -> dict:
+        hit = self.slices.get(id(s))
+        if hit is None or hit[0] is not s:
+            hit = self.slices[id(s)] = (s, slice_json(s))
+        return hit[1]
+
+    def op(self, op: GOp, parallel) -> dict:
+        hit = self.ops.get(id(op))
+        if hit is None or hit[0] is not op:
+            hit = self.ops[id(op)] = (op, op_content(op, parallel, self))
+        return hit[1]
+
+
 def slice_json(s: MemorySlice) -> dict:
     stride = s.stride
     return {"buffer": s.buffer, "level": s.level.label, "num": s.num, "width": s.width, "stride": stride,
             "dtype": s.dtype, "vec": s.vec, "index": repr(s.index),
-            "valid": None if s.valid is None else repr(s.valid), "label": slice_label(s)}
+            "valid": None if s.valid is None else repr(s.valid), "label": slice_label(s, stride)}
 
 
-def slice_label(s: MemorySlice) -> str:
-    """`level num×width/stride dtype` -- the edge label (stride omitted where not affine)."""
-    stride = s.stride
+def slice_label(s: MemorySlice, stride: int | None = None) -> str:
+    """`level num×width/stride dtype` -- the edge label (stride shown where num > 1 and affine)."""
+    stride = s.stride if stride is None and s.num > 1 else stride
     pattern = f"{s.num}\u00d7{s.width}" + (f"/{stride}" if stride is not None and s.num > 1 else "")
     return f"{s.level.label} {pattern} {s.dtype}"
 
 
-def op_head(op: GOp) -> str:
+def op_head(op: GOp, described: str | None = None) -> str:
     """The short label of a gOperator: describe() up to its slices."""
-    return op.describe().split(" [", 1)[0]
+    return (described or op.describe()).split(" [", 1)[0]
 
 
-def op_json(op: GOp, index: int, kernel: int | None, traffic: dict[str, int]) -> dict:
-    scope = op.args.scope.label if isinstance(op.args, Sync) else None
-    return {"index": index, "uid": op.uid, "kind": op.kind, "label": op_head(op), "describe": op.describe(),
-            "origin": op.origin, "scope": scope, "guard": None if op.guard is None else repr(op.guard),
-            "kernel": kernel, "inputs": [slice_json(s) for s in op.inputs],
-            "outputs": [slice_json(s) for s in op.outputs], "traffic": traffic}
+def op_content(op: GOp, parallel, memo: Memo) -> dict:
+    """Everything about a gOperator that does not depend on where it sits in a schedule."""
+    from powerfusion.gir.traffic import op_traffic
+    described = op.describe()
+    return {"uid": op.uid, "kind": op.kind, "label": op_head(op, described), "describe": described,
+            "origin": op.origin, "scope": op.args.scope.label if isinstance(op.args, Sync) else None,
+            "guard": None if op.guard is None else repr(op.guard),
+            "inputs": [memo.slice(s) for s in op.inputs], "outputs": [memo.slice(s) for s in op.outputs],
+            "traffic": dict(op_traffic(op, parallel))}
 
 
 def kernel_of_ops(g: GIRGraph) -> list[int | None]:
@@ -53,11 +77,12 @@ def kernel_of_ops(g: GIRGraph) -> list[int | None]:
     return out
 
 
-def gir_json(g: GIRGraph) -> dict:
-    from powerfusion.gir.traffic import op_traffic, traffic
+def gir_json(g: GIRGraph, memo: Memo | None = None) -> dict:
+    from powerfusion.gir.traffic import traffic
+    memo = memo or Memo()
     kernels = kernel_of_ops(g)
-    ops = [op_json(op, k, kernels[k], dict(op_traffic(op, g.parallel))) for k, op in enumerate(g.ops)]
-    edges = dataflow_edges(g)
+    ops = [{"index": k, **memo.op(op, g.parallel), "kernel": kernels[k]} for k, op in enumerate(g.ops)]
+    edges = dataflow_edges(g, memo)
     return {
         "name": g.name,
         "parallel": {"units": g.parallel.units, "units_per_group": g.parallel.units_per_group,
@@ -71,7 +96,7 @@ def gir_json(g: GIRGraph) -> dict:
     }
 
 
-def dataflow_edges(g: GIRGraph) -> list[dict]:
+def dataflow_edges(g: GIRGraph, memo: Memo) -> list[dict]:
     outside = set(g.inputs) | {n for n, _ in g.constants}
     edges = []
     pending: dict[str, list[int]] = {}   # buffer -> its writers since it was last read after a write
@@ -79,7 +104,7 @@ def dataflow_edges(g: GIRGraph) -> list[dict]:
     last_data: dict[str, list[int]] = {}  # the same, ignoring syncs (what the outputs come from)
 
     def edge(a, b, s):
-        edges.append({"source": a, "target": b, "buffer": s.buffer, "label": slice_label(s)})
+        edges.append({"source": a, "target": b, "buffer": s.buffer, "label": memo.slice(s)["label"]})
     for k, op in enumerate(g.ops):
         for s in op.inputs:
             if s.buffer in pending:

@@ -33,16 +33,24 @@ STAGE_FIELDS = ("index", "kernel", "cluster")   # what differs for one gOperator
 
 
 class _Table:
-    """Distinct values by their JSON text -> index (gOperators repeat across a trace's stages)."""
+    """Distinct values by their JSON text -> index (gOperators repeat across a trace's stages).
+    `viz_data` shares one slice list object per gOperator between stages, so the text is
+    computed once per such object (`same` holds the objects, keeping their ids valid)."""
 
     def __init__(self):
-        self.items, self.index = [], {}
+        self.items, self.index, self.same = [], {}, {}
 
-    def ref(self, value) -> int:
+    def ref(self, value, shared=None) -> int:
+        if shared is not None:
+            hit = self.same.get(id(shared))
+            if hit is not None and hit[0] is shared and hit[1] == value:
+                return hit[2]
         key = json.dumps(value, sort_keys=True, separators=(",", ":"))
         if key not in self.index:
             self.index[key] = len(self.items)
             self.items.append(value)
+        if shared is not None:
+            self.same[id(shared)] = (shared, value, self.index[key])
         return self.index[key]
 
 
@@ -55,8 +63,8 @@ def pack(data: dict) -> dict:
         stages = []
         for st in sg["stages"]:
             g = st["gir"]
-            gops = [[ops.ref({k: v for k, v in op.items() if k not in STAGE_FIELDS}), op["kernel"], op.get("cluster")]
-                    for op in g["ops"]]
+            gops = [[ops.ref({k: v for k, v in op.items() if k not in STAGE_FIELDS}, op["inputs"]), op["kernel"],
+                     op.get("cluster")] for op in g["ops"]]
             edges = [[e["source"], e["target"], strs.ref(e["buffer"]), strs.ref(e["label"])] for e in g["edges"]]
             stages.append(dict(st, gir=dict(g, ops=gops, edges=edges, buffers=[bufs.ref(b) for b in g["buffers"]])))
         out["subgraphs"].append(dict(sg, stages=stages, tables={"ops": ops.items, "buffers": bufs.items,
