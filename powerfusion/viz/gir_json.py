@@ -82,47 +82,50 @@ def gir_json(g: GIRGraph, memo: Memo | None = None) -> dict:
     memo = memo or Memo()
     kernels = kernel_of_ops(g)
     ops = [{"index": k, **memo.op(op, g.parallel), "kernel": kernels[k]} for k, op in enumerate(g.ops)]
-    edges = dataflow_edges(g, memo)
+    constants = [n for n, _ in g.constants]
     return {
         "name": g.name,
         "parallel": {"units": g.parallel.units, "units_per_group": g.parallel.units_per_group,
                      "lanes": g.parallel.lanes},
         "buffers": [{"name": b.name, "level": b.level.label, "size": b.size, "dtype": b.dtype} for b in g.buffers],
-        "inputs": list(g.inputs), "outputs": list(g.outputs), "constants": [n for n, _ in g.constants],
-        "ops": ops, "edges": edges,
+        "inputs": list(g.inputs), "outputs": list(g.outputs), "constants": constants,
+        "ops": ops, "edges": dataflow_edges(ops, g.inputs, g.outputs, constants),
         "kernels": len(g.kernels()),
         "traffic": traffic(g),
-        "templates": [{"node": n, "template": t} for n, t in g.templates],
     }
 
 
-def dataflow_edges(g: GIRGraph, memo: Memo) -> list[dict]:
-    outside = set(g.inputs) | {n for n, _ in g.constants}
+def dataflow_edges(ops: list[dict], inputs, outputs, constants) -> list[dict]:
+    """Edges of a GIR JSON graph from its ops alone (viewer.js `dataflowEdges` is the same
+    algorithm, so pages need not store edges)."""
+    outside = set(inputs) | set(constants)
     edges = []
     pending: dict[str, list[int]] = {}   # buffer -> its writers since it was last read after a write
     read_since: dict[str, bool] = {}
     last_data: dict[str, list[int]] = {}  # the same, ignoring syncs (what the outputs come from)
 
     def edge(a, b, s):
-        edges.append({"source": a, "target": b, "buffer": s.buffer, "label": memo.slice(s)["label"]})
-    for k, op in enumerate(g.ops):
-        for s in op.inputs:
-            if s.buffer in pending:
-                for w in pending[s.buffer]:
+        edges.append({"source": a, "target": b, "buffer": s["buffer"], "label": s["label"]})
+    for k, op in enumerate(ops):
+        for s in op["inputs"]:
+            b = s["buffer"]
+            if b in pending:
+                for w in pending[b]:
                     edge(w, k, s)
-            elif s.buffer in outside:
-                edge(f"in:{s.buffer}", k, s)
-            read_since[s.buffer] = True
-        for s in op.outputs:
-            if read_since.get(s.buffer, True):
-                pending[s.buffer] = []
-            if k not in pending[s.buffer]:
-                pending[s.buffer].append(k)
-            read_since[s.buffer] = False
-            if not isinstance(op.args, Sync):
-                last_data[s.buffer] = list(pending[s.buffer])
-    for name in g.outputs:
+            elif b in outside:
+                edge(f"in:{b}", k, s)
+            read_since[b] = True
+        for s in op["outputs"]:
+            b = s["buffer"]
+            if read_since.get(b, True):
+                pending[b] = []
+            if k not in pending[b]:
+                pending[b].append(k)
+            read_since[b] = False
+            if op["kind"] != "sync":
+                last_data[b] = list(pending[b])
+    for name in outputs:
         for w in last_data.get(name, ()):
-            s = next(s for s in g.ops[w].outputs if s.buffer == name)
+            s = next(s for s in ops[w]["outputs"] if s["buffer"] == name)
             edge(w, f"out:{name}", s)
     return edges

@@ -54,26 +54,34 @@ class _Table:
         return self.index[key]
 
 
+def _default_cluster(kernel) -> str | None:
+    return None if kernel is None else f"kernel {kernel}"
+
+
 def pack(data: dict) -> dict:
-    """The same data with each subgraph's gOperators, buffers and edge strings stored once
-    (viewer.js `unpack` restores the documented format); pages get about 10x smaller."""
+    """The same data with each subgraph's gOperators, buffers and interfaces stored once and no
+    edges (they follow from the ops: gir_json.dataflow_edges); viewer.js `unpack` restores
+    the documented format. Pages get about 20x smaller than the JSON."""
     out = dict(data, packed=True, subgraphs=[])
     for sg in data["subgraphs"]:
-        ops, bufs, strs = _Table(), _Table(), _Table()
+        ops, bufs, ios = _Table(), _Table(), _Table()
         stages = []
         for st in sg["stages"]:
             g = st["gir"]
-            gops = [[ops.ref({k: v for k, v in op.items() if k not in STAGE_FIELDS}, op["inputs"]), op["kernel"],
-                     op.get("cluster")] for op in g["ops"]]
-            edges = [[e["source"], e["target"], strs.ref(e["buffer"]), strs.ref(e["label"])] for e in g["edges"]]
-            stages.append(dict(st, gir=dict(g, ops=gops, edges=edges, buffers=[bufs.ref(b) for b in g["buffers"]])))
+            gops = [[ops.ref({k: v for k, v in op.items() if k not in STAGE_FIELDS}, op["inputs"]), op["kernel"]]
+                    + ([op["cluster"]] if op.get("cluster") != _default_cluster(op["kernel"]) else [])
+                    for op in g["ops"]]
+            io = ios.ref([g["inputs"], g["outputs"], g["constants"], g["parallel"]])
+            packed = {k: v for k, v in g.items() if k not in ("edges", "inputs", "outputs", "constants", "parallel")}
+            stages.append(dict(st, gir=dict(packed, ops=gops, io=io, buffers=[bufs.ref(b) for b in g["buffers"]])))
         out["subgraphs"].append(dict(sg, stages=stages, tables={"ops": ops.items, "buffers": bufs.items,
-                                                                 "strings": strs.items}))
+                                                                 "io": ios.items}))
     return out
 
 
 def unpack(data: dict) -> dict:
     """`pack` undone (as viewer.js does it)."""
+    from powerfusion.viz.gir_json import dataflow_edges
     if not data.get("packed"):
         return data
     out = {k: v for k, v in data.items() if k != "packed"}
@@ -82,12 +90,14 @@ def unpack(data: dict) -> dict:
         t = sg["tables"]
         stages = []
         for st in sg["stages"]:
-            g = st["gir"]
-            ops = [dict(t["ops"][ref], index=k, kernel=kernel, cluster=cluster)
-                   for k, (ref, kernel, cluster) in enumerate(g["ops"])]
-            edges = [{"source": a, "target": b, "buffer": t["strings"][s], "label": t["strings"][l]}
-                     for a, b, s, l in g["edges"]]
-            stages.append(dict(st, gir=dict(g, ops=ops, edges=edges, buffers=[t["buffers"][r] for r in g["buffers"]])))
+            g = dict(st["gir"])
+            inputs, outputs, constants, parallel = t["io"][g.pop("io")]
+            ops = [dict(t["ops"][ref], index=k, kernel=rest[0], cluster=rest[1] if len(rest) > 1
+                        else _default_cluster(rest[0])) for k, (ref, *rest) in enumerate(g["ops"])]
+            g.update(ops=ops, inputs=inputs, outputs=outputs, constants=constants, parallel=parallel,
+                     buffers=[t["buffers"][r] for r in g["buffers"]],
+                     edges=dataflow_edges(ops, inputs, outputs, constants))
+            stages.append(dict(st, gir=g))
         out["subgraphs"].append({**{k: v for k, v in sg.items() if k != "tables"}, "stages": stages})
     return out
 

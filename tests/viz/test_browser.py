@@ -47,6 +47,8 @@ def test_loads_without_console_messages_and_draws(page):
         assert attrs["ready"] == "1" and attrs["view"] == sg["name"] and attrs["step"] == str(step)
         drawn = len(re.findall(r'<g class="node[ "]', dom))
         assert drawn == int(attrs["nodes"]) and drawn >= len(sg["stages"][step]["gir"]["ops"])
+        # the page stores no edges: viewer.js derives them from the ops, as gir_json does
+        assert len(re.findall(r'<g class="edge', dom)) == len(sg["stages"][step]["gir"]["edges"])
         assert sg["stages"][step]["label"] in dom.replace("&amp;", "&").replace("&gt;", ">")
         coming = sg["stages"][step + 1] if step + 1 < len(sg["stages"]) else None
         doomed = set(coming["changed"]) if coming and coming["kind"] == "rule" else set()

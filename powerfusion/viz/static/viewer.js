@@ -14,21 +14,49 @@
   let view = {scale: 1, x: 0, y: 0};
   let currentClusters = [];
 
-  // html.py `pack` stores each subgraph's gOperators, buffers and edge strings once
+  // html.py `pack` stores each subgraph's gOperators, buffers and interfaces once, and no edges
   function unpack(data) {
     if (!data.packed) return data;
     for (const sg of data.subgraphs) {
       const T = sg.tables;
       for (const st of sg.stages) {
         const g = st.gir;
-        g.ops = g.ops.map(([ref, kernel, cluster], index) => Object.assign({}, T.ops[ref], {index, kernel, cluster}));
-        g.edges = g.edges.map(([source, target, b, l]) => ({source, target, buffer: T.strings[b], label: T.strings[l]}));
+        const [inputs, outputs, constants, parallel] = T.io[g.io];
+        delete g.io;
+        Object.assign(g, {inputs, outputs, constants, parallel});
+        g.ops = g.ops.map(([ref, kernel, cluster], index) => Object.assign({}, T.ops[ref],
+          {index, kernel, cluster: cluster !== undefined ? cluster : (kernel === null ? null : "kernel " + kernel)}));
         g.buffers = g.buffers.map((ref) => T.buffers[ref]);
+        g.edges = dataflowEdges(g);
       }
       delete sg.tables;
     }
     delete data.packed;
     return data;
+  }
+  // gir_json.dataflow_edges: a reader is fed by the writers of a buffer since it was last read
+  function dataflowEdges(g) {
+    const outside = new Set(g.inputs.concat(g.constants));
+    const edges = [], pending = new Map(), readSince = new Map(), lastData = new Map();
+    const edge = (a, b, s) => edges.push({source: a, target: b, buffer: s.buffer, label: s.label});
+    g.ops.forEach((op, k) => {
+      for (const s of op.inputs) {
+        if (pending.has(s.buffer)) for (const w of pending.get(s.buffer)) edge(w, k, s);
+        else if (outside.has(s.buffer)) edge("in:" + s.buffer, k, s);
+        readSince.set(s.buffer, true);
+      }
+      for (const s of op.outputs) {
+        if (!readSince.has(s.buffer) || readSince.get(s.buffer)) pending.set(s.buffer, []);
+        const p = pending.get(s.buffer);
+        if (!p.includes(k)) p.push(k);
+        readSince.set(s.buffer, false);
+        if (op.kind !== "sync") lastData.set(s.buffer, p.slice());
+      }
+    });
+    for (const name of g.outputs) {
+      for (const w of lastData.get(name) || []) edge(w, "out:" + name, g.ops[w].outputs.find((s) => s.buffer === name));
+    }
+    return edges;
   }
 
   function el(tag, attrs, parent) {
