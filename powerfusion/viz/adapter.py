@@ -8,6 +8,7 @@ not a reason to show nothing.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from powerfusion.gir.expr import U
@@ -149,7 +150,8 @@ def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, p
     def crashed(sub, code):
         return SubgraphRun(sub, error=f"the worker process died (exit code {code})", failed_at="crash")
     runs = run_all(subs, work, timed_out, crashed, timeout)
-    return ModelRun(graph.name or "model", target, graph, part, tuple(runs))
+    name = os.path.basename(str(model)) if isinstance(model, (str, os.PathLike)) else graph.name or "model"
+    return ModelRun(name, target, graph, part, tuple(runs))
 
 
 def _compiled(sub, graph, part, target: str, codegen: bool) -> tuple[SubgraphRun | None, str | None]:
