@@ -133,12 +133,11 @@ def subgraph_data(r: SubgraphRun) -> dict:
         stages.append(_stage("merged", "merged (DEVICE syncs between templates)", gir_json(r.merged, memo)))
     for k, step in enumerate(r.trace):
         gj = gir_json(step.after, memo)
-        before = {op.uid for op in step.before.ops}
+        before, after = {op.uid for op in step.before.ops}, {op.uid for op in step.after.ops}
         stage = _stage("rule", f"rule {k + 1}: {step.rule}", gj)
         stage.update(rule=step.rule, changed=list(step.changed),
                      added=[op.uid for op in step.after.ops if op.uid not in before],
-                     removed=[u for u in (op.uid for op in step.before.ops)
-                              if u not in {o.uid for o in step.after.ops}])
+                     removed=[op.uid for op in step.before.ops if op.uid not in after])
         stages.append(stage)
     if r.final is not None:
         stages.append(_stage("final", "final (what is rendered)", gir_json(r.final, memo)))
