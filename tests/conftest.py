@@ -45,3 +45,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
         if "browser" in item.keywords and (reason := browser_missing_reason()):
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def require_tool(name: str) -> str:
+    """The path of a compiler the test needs. Without it the test skips, unless
+    PF_REQUIRE_COMPILERS=1 (set by CI), where a missing compiler is a failure."""
+    import os
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("PF_REQUIRE_COMPILERS") == "1":
+        pytest.fail(f"{name} is required (PF_REQUIRE_COMPILERS=1) but not on PATH")
+    pytest.skip(f"needs {name}")

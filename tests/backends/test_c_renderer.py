@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gir_cases import all_cases  # noqa: E402
+from conftest import require_tool  # noqa: E402
 
 from powerfusion.backends.cuda.renderer import CUDARenderer  # noqa: E402
 from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
@@ -36,9 +37,9 @@ def test_interpreter_matches_reference(case):
         np.testing.assert_allclose(out[name].astype(np.float32), ref.astype(np.float32).reshape(-1), rtol, atol)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_sources_compile(arch, tmp_path):
+    require_tool("nvcc")
     for case in CASES:
         for ks in CUDARenderer().render(case.graph):
             path = tmp_path / f"{ks.name}.cu"
@@ -48,9 +49,9 @@ def test_cuda_sources_compile(arch, tmp_path):
             assert proc.returncode == 0, f"{path}:\n{proc.stderr}"
 
 
-@pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc (apt-get install hipcc)")
 @pytest.mark.parametrize("arch", ["gfx908", "gfx90a"])
 def test_hip_sources_compile(arch, tmp_path):
+    require_tool("hipcc")
     env = {**os.environ, "HIP_PLATFORM": "amd"}
     for case in HIP_CASES:
         for ks in HIPRenderer().render(case.graph):
