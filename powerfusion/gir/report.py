@@ -67,7 +67,8 @@ def inspect_gir(model_or_partition, target: str = "cuda", shapes: dict | None = 
     """The GIR part of `powerfusion inspect --gir --json` for a model (path, bytes, ModelProto),
     a BasicGraph, or a Partition: every memory-bound subgraph lowered (default template choice,
     or the best of `plans` plans), rewritten, and reported (docs/gir-json.md)."""
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model
+    from powerfusion.frontend.partition import partition_graph as partition
     from powerfusion.frontend.basic import BasicGraph, Partition
 
     part = model_or_partition
