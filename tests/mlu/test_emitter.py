@@ -301,3 +301,24 @@ def test_cli_compile_target_mlu_writes_sources_that_run(tmp_path):
                       launcher=f"launch_{k['name']}", args=[p["buffer"] for p in k["params"]])
     (got,) = res.values()
     np.testing.assert_allclose(got.reshape(4, 96), np.exp(np.maximum(xv, 0)) + xv, rtol=1e-5, atol=1e-6)
+
+
+def test_index_floor_division_of_negative_offsets():
+    """GIR's // and % are floor operations; offsets like (8u + j - 3) % 40 go negative at u = 0
+    and must wrap like numpy's (C's % would not)."""
+    units, width, n = 5, 8, 40
+    wrap = MemorySlice("a", G, (U * width + J - 3) % n, 1, width, "float32")
+    back = MemorySlice("b", G, (U * width + J - 11) // 4 + 3, 1, width, "float32")
+    reg = lambda b: MemorySlice(b, R, J, 1, width, "float32")
+    ops = [GOp(Move(), (wrap,), (reg("v"),)), GOp(Move(), (back,), (reg("w"),)),
+           GOp(Elementwise("add"), (reg("v"), reg("w")), (reg("s"),)),
+           GOp(Move(), (reg("s"),), (MemorySlice("out", G, U * width + J, 1, width, "float32"),))]
+    bufs = (Buffer("a", G, n, "float32"), Buffer("b", G, n, "float32"), Buffer("out", G, units * width, "float32"),
+            Buffer("v", R, width, "float32"), Buffer("w", R, width, "float32"), Buffer("s", R, width, "float32"))
+    graph = GIRGraph("wrap", Parallel(units, 4, 1), bufs, _numbered(ops), ("a", "b"), ("out",))
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    res, _, src = run_graph(graph, {"a": a, "b": b})
+    k = np.arange(units * width)
+    np.testing.assert_allclose(res["out"], a[(k - 3) % n] + b[(k - 11) // 4 + 3], rtol=1e-6)
+    assert "pf_ifloormod(" in src and "pf_ifloordiv(" in src

@@ -351,6 +351,8 @@ __nram__ char pf_nram[PF_NRAM_BYTES] __attribute__((aligned(64)));
 #define PF_INDEX_HELPERS
 __mlu_func__ int pf_imin(int a, int b) {{ return a < b ? a : b; }}
 __mlu_func__ int pf_imax(int a, int b) {{ return a > b ? a : b; }}
+__mlu_func__ int pf_ifloormod(int a, int b) {{ int r = a % b; return (r != 0 && (r < 0) != (b < 0)) ? r + b : r; }}
+__mlu_func__ int pf_ifloordiv(int a, int b) {{ return (a - pf_ifloormod(a, b)) / b; }}
 #endif
 {helpers}
 __mlu_entry__ void {name}({params}) {{

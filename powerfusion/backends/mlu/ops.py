@@ -8,7 +8,6 @@ anything else is a scalar loop over NRAM (elementwise ones in a `__mlu_func__` h
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from powerfusion.backends.c_renderer import RenderError
@@ -18,7 +17,6 @@ from powerfusion.gir.expr import Const, substitute
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.gir.ir import GOp, Level, MemorySlice
 
-_MINMAX = re.compile(r"\b(min|max)\(")
 VEC_DTYPES = ("float32", "float16")
 GRANULE = 128          # bytes: vector lengths are padded to this
 STAGE_ELEMS = 4096     # largest staging chunk (elements) of a gather/convert store
@@ -51,8 +49,7 @@ class OpEmitter:
         return self.ptr(s.buffer) if s.level == Level.GLOBAL else self.frame.bufs[s.buffer]
 
     def idx(self, e, i="i", j="j") -> str:
-        text = c_index(e, self.frame.u, i, j, load=lambda b, ix: f"((int){self.ptr(b)}[{ix}])")
-        return _MINMAX.sub(r"pf_i\1(", text)  # index min/max: the int helpers in every file
+        return c_index(e, self.frame.u, i, j, load=lambda b, ix: f"((int){self.ptr(b)}[{ix}])")
 
     def at(self, s: MemorySlice, k: str, tag: str) -> tuple[str, str | None]:
         """(address, valid-condition) of element k (row-major) of slice s; defines nothing,

@@ -8,7 +8,7 @@ anything else (transposes through // and %, masks, gathers) is an element loop.
 """
 from __future__ import annotations
 
-from powerfusion.gir.expr import Const, Expr, affine_coefficient, render_c, substitute
+from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, affine_coefficient, render_c, substitute
 from powerfusion.gir.ir import Level, MemorySlice
 
 SPACE = {Level.REGISTER: "NRAM", Level.SHARED: "SRAM", Level.GLOBAL: "GDRAM"}
@@ -57,4 +57,38 @@ class Raw(Expr):
 
 
 def c_index(e: Expr, uvar: str, ivar: str = "i", jvar: str = "j", load=None) -> str:
-    return render_c(e, {"u": uvar, "i": ivar, "j": jvar}, load=load)
+    """C for an index expression with GIR's floor // and % (render_c assumes non-negative
+    operands; the rewrites produce offsets like `(x + -1024) % 9216` that go negative)."""
+    names = {"u": uvar, "i": ivar, "j": jvar}
+
+    def go(x: Expr) -> str:
+        if hasattr(x, "text"):
+            return x.text
+        if isinstance(x, BinOp):
+            a, b = go(x.a), go(x.b)
+            if x.op in ("floordiv", "mod") and _may_be_negative(x.a):
+                return f"pf_ifloor{'div' if x.op == 'floordiv' else 'mod'}({a}, {b})"
+            if x.op in ("min", "max"):
+                return f"pf_i{x.op}({a}, {b})"
+            return f"({a} {_C_OPS[x.op]} {b})"
+        if isinstance(x, Select):
+            return f"({go(x.cond)} ? {go(x.a)} : {go(x.b)})"
+        if isinstance(x, Load):
+            idx = go(x.index)
+            return load(x.buffer, idx) if load else f"((int){x.buffer}[{idx}])"
+        return render_c(x, names)
+
+    return go(e)
+
+
+_C_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "/", "mod": "%", "lt": "<", "le": "<=", "eq": "==",
+          "ne": "!=", "and": "&&", "or": "||"}
+
+
+def _may_be_negative(e: Expr) -> bool:
+    """False when e is built from u, i, j, non-negative constants and + * // % min max only."""
+    if isinstance(e, Const):
+        return e.value < 0
+    if isinstance(e, BinOp):
+        return e.op == "sub" or _may_be_negative(e.a) or _may_be_negative(e.b)
+    return not (hasattr(e, "text") or e.__class__.__name__ == "Var")
