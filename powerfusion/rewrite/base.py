@@ -208,3 +208,17 @@ def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str]
         if not names or names - ignore:
             return True
     return False
+
+
+def without_syncs_on(ops, name: str) -> list[GOp]:
+    """The schedule with `name` removed from every sync, and syncs left guarding nothing removed
+    (a rule that bypasses an intermediate removes its kernel boundary in the same step)."""
+    out = []
+    for op in ops:
+        if isinstance(op.args, Sync) and any(s.buffer == name for s in op.inputs + op.outputs):
+            op = replace(op, inputs=tuple(s for s in op.inputs if s.buffer != name),
+                         outputs=tuple(s for s in op.outputs if s.buffer != name))
+            if not (op.inputs or op.outputs):
+                continue
+        out.append(op)
+    return out

@@ -11,9 +11,9 @@ from dataclasses import replace
 from powerfusion.gir.expr import binop
 from powerfusion.gir.ir import GIRGraph, Level, MemorySlice
 from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, index, interface, is_move, is_sync, loaded_anywhere,
-                                      next_uid, readers, register_layout_ok, rename_buffer, same_guard, written_between, writers)
+                                      next_uid, readers, register_layout_ok, rename_buffer, without_syncs_on, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_split import compose_split
-from powerfusion.rewrite.patterns import composition_need, writer_coords
+from powerfusion.rewrite.patterns import compact, composition_need, writer_coords
 
 def _sole_writer_move(g: GIRGraph, name: str, before: int) -> int | None:
     ws = writers(g, name)
@@ -55,7 +55,9 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
         return None
     if g.buffer(a).dtype != g.buffer(t).dtype:
         return None   # the intermediate rounds: composing would change the numbers
-    if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset({t})):
+    keep = t in g.outputs or readers(g, t) != [at]
+    # register/shared data does not cross a kernel boundary; t's own syncs go only with t
+    if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset() if keep else frozenset({t})):
         return None
     u1, u2 = active_units(g, op1), active_units(g, op2)
     if u1 is None or u2 is None:
@@ -70,10 +72,9 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
         valid, fill = binop("and", va, p2.valid), pa.fill
     else:
         valid, fill = (va, pa.fill) if va is not None else (p2.valid, p2.fill)
-    src = MemorySlice(a, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec, valid, fill)
+    src = compact(MemorySlice(a, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec, valid, fill), u2, consts(g))
     if not register_layout_ok(src):
         return None
-    keep = t in g.outputs or readers(g, t) != [at]
     if keep and pa.level > p2.level:
         return None
     ops = list(g.ops)
@@ -82,6 +83,7 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     if not keep:
         del ops[w]
         changed.append(op1.uid)
+        ops = without_syncs_on(ops, t)
     return _checked(g, ops, changed)
 
 
@@ -123,7 +125,7 @@ def cancel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     ops = _rename_after(g.ops, at, b, a)
     del ops[at]
     del ops[w]
-    return Rewrite(tuple(ops), g.buffers, (op1.uid, op2.uid))
+    return Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, (op1.uid, op2.uid))
 
 
 def drop_identity_move(g: GIRGraph, at: int) -> Rewrite | None:
@@ -159,7 +161,7 @@ def merge_parallel_moves(g: GIRGraph, at: int) -> Rewrite | None:
         if writers(g, b1.buffer) != [w] or b1.buffer == b2.buffer:
             continue
         if (b1.pattern() == b2.pattern() and b1.level == b2.level
-                and g.buffer(b1.buffer).dtype == g.buffer(b2.buffer).dtype and _renameable(g, b2.buffer, b1.buffer, at, at)):
+                and g.buffer(b1.buffer).dtype == g.buffer(b2.buffer).dtype and _renameable(g, b2.buffer, b1.buffer, w, at)):
             ops = _rename_after(g.ops, at, b2.buffer, b1.buffer)
             del ops[at]
             return Rewrite(tuple(ops), g.buffers, (op2.uid,))

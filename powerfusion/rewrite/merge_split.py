@@ -19,8 +19,8 @@ from powerfusion.gir.expr import Expr, binop, substitute, variables
 from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
 from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
-                                      writers)
-from powerfusion.rewrite.patterns import Coords, composition_need, covering_coords, eval_over
+                                      without_syncs_on, writers)
+from powerfusion.rewrite.patterns import Coords, compact, composition_need, covering_coords, eval_over
 
 
 def _and(*es):
@@ -98,7 +98,7 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             cond, ok = _pick(_conditions(p1, wop, p2, c), covered, units[r], p2, data)
             if not ok:
                 return None
-            parts.append(_split_move(rop, wop, c, cond, next(uids)))
+            parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data))
             if parts[-1] is None:
                 return None
         if not np.array_equal(total, rvalid.astype(np.int64)):
@@ -109,10 +109,10 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         if k in ws:
             continue
         ops.extend(new_ops.get(k, [o]))
-    return if_not_worse(g, Rewrite(tuple(ops), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
+    return if_not_worse(g, Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
 
 
-def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int) -> GOp | None:
+def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers) -> GOp | None:
     pa, p2, pb = wop.inputs[0], rop.inputs[0], rop.outputs[0]
     va = c.at(pa.valid) if pa.valid is not None else None
     if va is not None and p2.valid is not None and pa.fill != p2.fill:
@@ -123,8 +123,8 @@ def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int) -> G
         guard = _and(rop.guard, cond)
     elif cond is not None:
         mask = cond
-    src = MemorySlice(pa.buffer, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec,
-                      _and(va, p2.valid, mask), fill)
+    src = compact(MemorySlice(pa.buffer, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec,
+                              _and(va, p2.valid, mask), fill), units, buffers)
     if not register_layout_ok(src):
         return None
     dst = replace(pb, valid=_and(pb.valid, mask))

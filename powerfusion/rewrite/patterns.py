@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
+from powerfusion.gir.expr import BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
 from powerfusion.gir.ir import Level, MemorySlice, Parallel
 
 _ADDR = Var("addr")
@@ -141,13 +141,31 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
 
     need: None (any unit may read it), "group" (same group), "unit" (same unit) or "lane"
     (same unit and lane). The writer must write each address at most once."""
-    if not _injective(w, w_units, parallel, buffers):
+    if not _injective(w, _sampled(w_units, w.count), parallel, buffers):
         return None
+    r_units = _sampled(r_units, r.count)
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
         ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
         if ev is not None and bool(np.all(ev[0] | ~ev[2])):
             return c
     return None
+
+
+SAMPLE_CAP = 1 << 20  # elements; larger checks look at a sample of units (first, last, seeded random)
+
+
+def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP) -> np.ndarray:
+    """All units when the check is small; otherwise a fixed sample of them, so compile time
+    does not grow with tensor size (an exact check of every unit is kept for small shapes,
+    which the tests exercise; templates' patterns are uniform across units)."""
+    units = np.asarray(units, dtype=np.int64)
+    keep = max(8, cap // max(per_unit, 1))
+    if len(units) <= keep:
+        return units
+    rng = np.random.default_rng(len(units))
+    head = min(keep // 4, len(units))
+    picks = np.concatenate([units[:head], units[-head:], rng.choice(units, keep - 2 * head, replace=False)])
+    return np.unique(picks)
 
 
 def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
@@ -237,3 +255,123 @@ def composition_need(source: Level, through: Level) -> str | None:
     too (a unit reads its own registers, a group its own shared memory)."""
     via = {Level.REGISTER: "unit", Level.SHARED: "group", Level.GLOBAL: None}[through]
     return max(_NEED[source], via, key=_ORDER.index)
+
+
+def _all_divisors(e) -> set[int]:
+    if isinstance(e, BinOp):
+        out = _all_divisors(e.a) | _all_divisors(e.b)
+        if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and e.b.value > 1:
+            out.add(e.b.value)
+        return out
+    if isinstance(e, Select):
+        return _all_divisors(e.cond) | _all_divisors(e.a) | _all_divisors(e.b)
+    return set()
+
+
+def _factors(ds) -> list[int]:
+    out = set()
+    for d in ds:
+        out |= {f for f in range(2, d + 1) if d % f == 0}
+    return sorted(out)
+
+
+def _digit_chain(divisors: list[int], extent: int) -> list[int]:
+    """Radix boundaries 1 = b0 < b1 < ... (each dividing the next, all below `extent`)."""
+    chain = [1]
+    for d in divisors:
+        if d < extent and d % chain[-1] == 0:
+            chain.append(d)
+    return chain
+
+
+def _digit_expr(var: Expr, lo: int, hi: int | None, extent: int) -> Expr:
+    e = var // lo
+    return e if hi is None or hi >= extent else e % (hi // lo)
+
+
+def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None) -> Expr | None:
+    """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
+    shape = (len(units), num, width)
+    env = _grid(units, num, width)
+    target = _full(evaluate(e, env, buffers), shape)[where]
+    factors = _factors(_all_divisors(e))
+    digits = []   # (var, lo, hi, extent used, values)
+    for var, ext in ((U, int(units.max()) + 1), (I, num), (J, width)):
+        if ext <= 1:
+            continue
+        vals = np.broadcast_to(env[var.name], shape)[where]
+        seen = int(vals.max()) + 1 if vals.size else 1
+        chain = _digit_chain(factors, ext)
+        for lo, hi in zip(chain, chain[1:] + [None]):
+            digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo))
+    A = np.stack([np.ones(target.size, np.int64)] + [d[4] for d in digits], axis=1)
+    rows = np.arange(target.size)
+    if target.size > 512:   # solve on a sample, check on every element below
+        rows = np.random.default_rng(0).choice(target.size, 512, replace=False)
+    coef = np.rint(np.linalg.lstsq(A[rows].astype(np.float64), target[rows].astype(np.float64), rcond=None)[0])
+    coef = coef.astype(np.int64)
+    if not np.array_equal(A @ coef, target):
+        return None
+    out: Expr = Const(int(coef[0]))
+    run = None   # (var, lo, base coefficient, next lo, extent): digits that form one wider digit
+    for (var, lo, hi, ext, _), c in zip(digits, coef[1:]):
+        if run and run[0] == var and run[3] == lo and c == run[2] * (lo // run[1]) and c:
+            run = (var, run[1], run[2], hi, ext)
+            continue
+        if run:
+            out = out + _digit_expr(run[0], run[1], run[3], run[4]) * int(run[2])
+        run = (var, lo, int(c), hi, ext) if c else None
+    if run:
+        out = out + _digit_expr(run[0], run[1], run[3], run[4]) * int(run[2])
+    return out
+
+
+_COMPARE = ("lt", "le", "eq", "ne")
+_WORTH_FITTING = 12   # expression nodes: smaller sides are left as they are
+
+
+def _size(e: Expr) -> int:
+    if isinstance(e, BinOp):
+        return 1 + _size(e.a) + _size(e.b)
+    if isinstance(e, Select):
+        return 1 + _size(e.cond) + _size(e.a) + _size(e.b)
+    return 1
+
+
+def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None) -> Expr:
+    """A valid mask with always-true comparisons dropped and each compared side refitted
+    (exactly, on every element: the mask itself decides which elements count)."""
+    if isinstance(e, BinOp) and e.op == "and":
+        a, b = compact_mask(e.a, units, num, width, buffers), compact_mask(e.b, units, num, width, buffers)
+        return binop("and", a, b) if a != Const(1) and b != Const(1) else (b if a == Const(1) else a)
+    if not (isinstance(e, BinOp) and e.op in _COMPARE) or loads(e):
+        return e
+    vals = eval_over(e, units, num, width, buffers).astype(bool)
+    if vals.all():
+        return Const(1)
+    everywhere = np.ones((len(units), num, width), bool)
+    sides = []
+    for side in (e.a, e.b):
+        f = None if _size(side) < _WORTH_FITTING else _fit(side, units, num, width, everywhere, buffers)
+        sides.append(f if f is not None and _size(f) < _size(side) else side)
+    return binop(e.op, sides[0], sides[1])
+
+
+def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
+    """The slice with its index rewritten as an affine form of the digits of u, i and j when
+    that form gives the same address for every valid element, and its mask simplified
+    (composition nests div/mod expressions; this keeps them small for later rules and for
+    the renderer). An all-true valid mask becomes None."""
+    units = np.asarray(units, np.int64)
+    if len(units) == 0 or loads(s.index) or (s.valid is not None and loads(s.valid)):
+        return s
+    valid_expr = s.valid
+    if valid_expr is not None:
+        valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)
+        valid_expr = None if valid_expr == Const(1) else valid_expr
+    valid = eval_over(valid_expr, units, s.num, s.width, buffers).astype(bool)
+    index = s.index
+    if _size(index) >= _WORTH_FITTING and valid.any():
+        f = _fit(index, units, s.num, s.width, valid, buffers)
+        index = f if f is not None else index
+    return MemorySlice(s.buffer, s.level, index, s.num, s.width, s.dtype, s.vec, valid_expr, s.fill)

@@ -18,9 +18,10 @@ from dataclasses import replace
 from powerfusion.gir.expr import U, I, J, Expr
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Scope, Sync
 from powerfusion.gir.scope import needed_scope
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, fresh_name, interface, is_move, is_sync,
+from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_barrier_between, device_syncs_between,
+                                      fresh_name, interface, is_move, is_sync,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, writers)
-from powerfusion.rewrite.patterns import writer_coords
+from powerfusion.rewrite.patterns import compact, writer_coords
 
 _TARGET = {Scope.LANE: Level.REGISTER, Scope.WARP: Level.SHARED, Scope.BLOCK: Level.SHARED}
 _NEED = {Scope.LANE: "lane", Scope.WARP: "unit", Scope.BLOCK: "group"}
@@ -58,10 +59,61 @@ def promote_sync(g: GIRGraph, at: int) -> Rewrite | None:
         rw = _promote(g, at, name)
         if rw is not None:
             return rw
+    for name in _sync_buffers(sync):
+        rw = _promote_jointly(g, name)
+        if rw is not None:
+            return rw
     return None
 
 
-def _promote(g: GIRGraph, at: int, name: str) -> Rewrite | None:
+def _span(g: GIRGraph, name: str) -> tuple[int, int] | None:
+    ws, rs = writers(g, name), readers(g, name)
+    return (min(ws), max(rs)) if ws and rs else None
+
+
+def crosses_kernels(g: GIRGraph) -> bool:
+    """Does any register or shared buffer live across a DEVICE sync (invalid: kernels do not share them)?"""
+    for b in g.buffers:
+        span = _span(g, b.name) if b.level != Level.GLOBAL else None
+        if span and device_barrier_between(g, span[0], span[1]):
+            return True
+    return False
+
+
+def _promote_jointly(g: GIRGraph, name: str, limit: int = 16) -> Rewrite | None:
+    """Several exchanges whose DEVICE syncs stand between each other's writer and reader
+    (a consumer reading two tensors behind two syncs) are promoted together, or not at all."""
+    group = [name]
+    k = 0
+    while k < len(group):
+        span = _span(g, group[k])
+        if span is None:
+            return None
+        for s in device_syncs_between(g, span[0], span[1]):
+            names = _sync_buffers(g.ops[s])
+            if not names:
+                return None
+            group += [n for n in names if n not in group]
+        if len(group) > limit:
+            return None
+        k += 1
+    if len(group) == 1:
+        return None
+    h, changed = g, []
+    for b in group:
+        at = next((k for k, op in enumerate(h.ops) if is_sync(op) and op.args.scope == Scope.DEVICE
+                   and b in _sync_buffers(op)), None)
+        rw = _promote(h, at, b, check_barrier=False) if at is not None else None
+        if rw is None:
+            return None
+        changed += [u for u in rw.changed if u in {op.uid for op in g.ops}]
+        h = rw.apply(h)
+    if crosses_kernels(h):
+        return None
+    return Rewrite(h.ops, h.buffers, tuple(dict.fromkeys(changed)))
+
+
+def _promote(g: GIRGraph, at: int, name: str, check_barrier: bool = True) -> Rewrite | None:
     sync = g.ops[at]
     if name in interface(g) or loaded_anywhere(g, name):
         return None
@@ -72,6 +124,8 @@ def _promote(g: GIRGraph, at: int, name: str) -> Rewrite | None:
     wop = g.ops[w]
     if not is_move(wop) or not all(is_move(g.ops[r]) for r in rs):
         return None
+    if check_barrier and device_barrier_between(g, w, max(rs), frozenset({name})):
+        return None   # a kernel boundary stays between writer and reader: data must stay in global memory
     wslice = wop.outputs[0]
     wunits = active_units(g, wop)
     P, data = g.parallel, consts(g)
@@ -108,8 +162,9 @@ def _promote(g: GIRGraph, at: int, name: str) -> Rewrite | None:
     new_rs = []
     for k, (r, c) in enumerate(zip(rs, coords)):
         rs_old = g.ops[r].inputs[0]
-        rs_new = replace(rs_old, buffer=new.name, level=level,
-                         index=_position(scope, count, width, upg, c.u, c.i, c.j))
+        rs_new = compact(replace(rs_old, buffer=new.name, level=level,
+                                 index=_position(scope, count, width, upg, c.u, c.i, c.j)),
+                         active_units(g, g.ops[r]), data)
         new_rs.append(rs_new)
         ops[r] = replace(g.ops[r], inputs=(rs_new,), uid=uid + 1 + k)
     # the old buffer's slices leave every sync; an emptied sync goes
