@@ -4,7 +4,8 @@
     [y] = sess.run(None, {"x": x})
 
 The model is imported to basic ops and partitioned once, at construction. On the CPU
-target the partition runs step by step: library calls (MatMul, Conv) through numpy,
+target the partition runs step by step: library calls (MatMul, Conv) through numpy
+(TypedMatMul through ttile's MatMulNBits reference / an ONNX DequantizeLinear),
 memory-bound subgraphs through `execute_subgraph` (the one place that decides how a
 subgraph runs on the CPU). Other targets plug in an executor built by their backend.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from powerfusion import options as _options
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.frontend.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
-                                        TensorInfo)
+                                        TensorInfo, TypedMatMul)
 
 # An executor maps feeds (validated, by graph input name) to a dict holding at least
 # every graph output; the CPU one returns every tensor it computed.
@@ -198,6 +199,9 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def run_library_op(op, inputs: list[np.ndarray], out_dtype) -> np.ndarray:
+    if isinstance(op, TypedMatMul):  # low-bit constants: not cast to the compute dtype
+        from powerfusion.frontend.quantized import run_typed_matmul
+        return run_typed_matmul(op, inputs, out_dtype)
     work = _compute_dtype(inputs[0].dtype)
     args = [np.asarray(x).astype(work, copy=False) for x in inputs]
     if isinstance(op, MatMul):

@@ -13,7 +13,9 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
     """Path, bytes or onnx.ModelProto -> BasicGraph with static shapes."""
     from powerfusion.frontend.converters import convert_graph
     from powerfusion.frontend.fold import fold_constants
+    from powerfusion.frontend.quantized import fuse_dequantize_matmul
     proto = load_model(model, shapes)
+    proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
     arrays: dict = {}
     proto = fold_constants(proto, arrays)
     return convert_graph(proto, arrays)

@@ -2,7 +2,8 @@
 
 Every supported ONNX op is decomposed into these kinds (DESIGN.md):
 elementwise, broadcast, reduce, moves (transpose, reshape, concat, slice, pad,
-gather, window) and library ops (matmul, conv). Broadcasting is always explicit:
+gather, window) and library ops (matmul, conv, typed low-precision matmul).
+Broadcasting is always explicit:
 an Elementwise node's inputs all have its output's shape (a Broadcast node is
 inserted where ONNX broadcasts implicitly). Each op's arguments live in a small
 frozen dataclass; adding a kind touches this file and the converters only.
@@ -134,10 +135,28 @@ class Conv:
     group: int
 
 
+@dataclass(frozen=True, slots=True)
+class TypedMatMul:
+    """Y[..., N] = A[..., K] @ dequant(W)[K, N] (+ bias), W a constant held in `bits`-bit integers
+    with scales (and zero points): a typed low-precision GEMM (powerfusion.ttile), always a library
+    call. Inputs (A, *constants); constant i was input `slots[i]` of the source ONNX node, so that
+    node can be rebuilt from `source`, `attrs` and the constants (frontend/quantized.py).
+    source: "MatMulNBits" (com.microsoft; slots among B, scales, zero_points, bias) or
+    "DequantizeLinear" (a DequantizeLinear on a constant feeding MatMul's B; slots among x, x_scale,
+    x_zero_point)."""
+    source: str
+    bits: int
+    block_size: int   # K elements per scale; K itself when there is one scale per output column
+    K: int
+    N: int
+    attrs: tuple[tuple[str, object], ...]   # the source node's ONNX attributes
+    slots: tuple[int, ...]
+
+
 OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
-               GatherElements, Window, MatMul, Conv]
+               GatherElements, Window, MatMul, Conv, TypedMatMul]
 MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, GatherElements, Window)
-LIBRARY_OPS = (MatMul, Conv)
+LIBRARY_OPS = (MatMul, Conv, TypedMatMul)
 
 
 def kind_of(op: OpArgs) -> str:

@@ -18,6 +18,7 @@ from powerfusion.frontend import ops_elementwise, ops_nn, ops_shape
 from powerfusion.frontend.basic import BasicGraph, TensorInfo
 from powerfusion.frontend.builder import GraphBuilder, NodeCtx
 from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset
+from powerfusion.frontend.quantized import check_quantized, convert_quantized, is_quantized
 
 CONVERTERS: dict[str, Callable[[NodeCtx], None]] = {
     **ops_elementwise.CONVERTERS, **ops_shape.CONVERTERS, **ops_nn.CONVERTERS}
@@ -66,7 +67,7 @@ def convert_graph(model: onnx.ModelProto, arrays: dict | None = None) -> BasicGr
     for vi in g.input:
         b.tensors[vi.name] = infos[vi.name]
     for cx in ctxs:
-        CONVERTERS[cx.op_type](cx)
+        (convert_quantized if is_quantized(cx.node) else CONVERTERS[cx.op_type])(cx)
     outputs = []
     for vi in g.output:
         if vi.name not in b.tensors and vi.name in consts:  # an output that folded to a constant
@@ -90,8 +91,11 @@ def _check_supported(ctxs: list[NodeCtx]) -> None:
     for cx in ctxs:
         node = cx.node
         reason = None
-        if node.domain not in DEFAULT_DOMAINS:
-            reason = f"domain '{node.domain}' is not supported (only the default ONNX domain is)"
+        if is_quantized(node):  # the one op of another domain we take (com.microsoft.MatMulNBits)
+            reason = check_quantized(cx) or _dynamic_output_reason(cx)
+        elif node.domain not in DEFAULT_DOMAINS:
+            reason = (f"domain '{node.domain}' is not supported (only the default ONNX domain is, "
+                      "and com.microsoft for MatMulNBits)")
         elif node.op_type not in CONVERTERS:
             reason = "op type not supported"
         else:

@@ -52,6 +52,8 @@ def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.Model
 
 
 def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    from powerfusion.frontend.quantized import inference_stand_ins
+    proto = inference_stand_ins(proto)  # onnx knows no MatMulNBits: same-shaped MatMuls stand in
     try:
         return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:

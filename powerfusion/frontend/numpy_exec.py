@@ -146,4 +146,10 @@ EXECUTORS = {
     B.Window: lambda op, a, dt: window_view(a[0], op),
     B.MatMul: run_matmul,
     B.Conv: run_conv,
+    B.TypedMatMul: lambda op, a, dt: run_typed_matmul(op, a, dt),
 }
+
+
+def run_typed_matmul(op, args, dtype):
+    from powerfusion.frontend.quantized import run_typed_matmul as run
+    return run(op, args, dtype)

@@ -4,7 +4,8 @@ maximal acyclic subgraphs of everything else.
 An op is compute-bound when its arithmetic intensity (FLOPs over compulsory bytes:
 inputs read once, output written once) exceeds the target's ridge point for its
 dtype; only MatMul and Conv can be. A GEMV (M = 1) or a depthwise conv falls
-below and stays with the memory-bound ops.
+below and stays with the memory-bound ops. TypedMatMul (a low-bit weight) is
+always a library call: the typed GEMM kernels are its only runner.
 
 Grouping: each memory-bound op gets a level = the largest number of library calls
 on a path from the graph inputs to it. Connected memory-bound ops of one level form
@@ -18,7 +19,7 @@ import networkx as nx
 import numpy as np
 
 from powerfusion.frontend.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
-                                        Partition, Reduce, Subgraph)
+                                        Partition, Reduce, Subgraph, TypedMatMul)
 from powerfusion.perfmodel.specs import get_target
 from powerfusion.scalar import scalar_fn
 
@@ -34,6 +35,8 @@ def node_flops(graph: BasicGraph, node: BasicNode) -> int:
         a = graph.tensors[node.inputs[0]].shape
         k = a[-2] if op.trans_a else a[-1]
         return 2 * out.size * k
+    if isinstance(op, TypedMatMul):
+        return 2 * out.size * op.K
     if isinstance(op, Conv):
         w = graph.tensors[node.inputs[1]].shape
         per_output = int(np.prod(w[1:], dtype=np.int64))  # C/group x kernel
@@ -42,6 +45,9 @@ def node_flops(graph: BasicGraph, node: BasicNode) -> int:
 
 
 def node_bytes(graph: BasicGraph, node: BasicNode) -> int:
+    if isinstance(node.op, TypedMatMul):  # the weight at its packed width, not one byte per int4
+        from powerfusion.frontend.quantized import packed_bytes
+        return packed_bytes(graph, node)
     return sum(graph.tensors[t].nbytes for t in set(node.inputs)) + sum(graph.tensors[t].nbytes for t in node.outputs)
 
 
@@ -66,6 +72,8 @@ def has_gir_template(graph: BasicGraph, node: BasicNode) -> bool:
 def is_library(graph: BasicGraph, node: BasicNode, target: str) -> bool:
     if not isinstance(node.op, LIBRARY_OPS):
         return False
+    if isinstance(node.op, TypedMatMul):  # only a typed GEMM runs a low-bit weight: even as a GEMV
+        return True
     dtype = np.dtype(graph.tensors[node.inputs[0]].dtype).name
     intensity = node_flops(graph, node) / max(node_bytes(graph, node), 1)
     return intensity > get_target(target).ridge_point(dtype) or not has_gir_template(graph, node)
