@@ -4,6 +4,7 @@ fused through an instruction-level graph IR and emitted as CUDA, HIP or BANG C.
     import powerfusion as pf
     sess = pf.InferenceSession("model.onnx")          # like onnxruntime.InferenceSession
     outputs = sess.run(None, {"x": x})
+    q = pf.quantize_weights(model, "int4", 128)       # MatMul weights -> com.microsoft.MatMulNBits
 
     with pf.options.context(verbose=1):
         ...
@@ -17,7 +18,8 @@ from powerfusion.errors import (CompileError, FeedError, ModelError, NodeError, 
 __version__ = "0.1.0"
 
 __all__ = ["InferenceSession", "NodeArg", "options", "PowerFusionError", "ModelError",
-           "UnsupportedOpError", "NodeError", "FeedError", "CompileError", "__version__"]
+           "UnsupportedOpError", "NodeError", "FeedError", "CompileError", "quantize_weights",
+           "__version__"]
 
 
 def __getattr__(name):
@@ -25,4 +27,7 @@ def __getattr__(name):
     if name in ("InferenceSession", "NodeArg"):
         from powerfusion import session
         return getattr(session, name)
+    if name == "quantize_weights":  # ttile (jinja2 templates, the scheduler) only when asked for
+        from powerfusion.ttile.onnx_quant import quantize_weights
+        return quantize_weights
     raise AttributeError(f"module 'powerfusion' has no attribute {name!r}")

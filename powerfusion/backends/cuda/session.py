@@ -2,15 +2,16 @@
 
 Buffers are planned once per session (one arena, reused across runs, tensors that are
 never live together share memory); library calls go through cuBLAS (CuPy), memory-bound
-subgraphs through their generated kernels. With `cuda_graph=True` the whole run is
-captured once and replayed."""
+subgraphs through their generated kernels, TypedMatMul (low-bit weights) through a typed
+GEMM of powerfusion.ttile built and uploaded once per session. With `cuda_graph=True` the
+whole run is captured once and replayed."""
 from __future__ import annotations
 
 import numpy as np
 
 from powerfusion.compiler import KernelStep, LibraryStep, Plan, compile_partition
 from powerfusion.errors import PowerFusionError
-from powerfusion.frontend.basic import Conv, MatMul, Partition
+from powerfusion.frontend.basic import Conv, MatMul, Partition, TypedMatMul
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.runtime.buffers import TensorLife, plan_buffers
@@ -28,7 +29,14 @@ class CudaPlanRunner:
         g = self.graph
         self.executors = {s.name: GIRExecutor(s.gir) for s in plan.kernel_steps}
         self.constants = {}
+        self.typed = {}
         for s in plan.library_steps:
+            if isinstance(s.call.node.op, TypedMatMul):
+                mm, packed = typed_gemm(g, s.call.node)
+                self.typed[s.call.node.name] = (mm, mm.to_device(packed))
+        for s in plan.library_steps:
+            if isinstance(s.call.node.op, TypedMatMul):
+                continue  # its constants travel packed, inside self.typed
             for t in s.call.node.inputs:
                 if t in g.constants and t not in self.constants:
                     self.constants[t] = cupy.asarray(_to_device_layout(np.asarray(g.constants[t])))
@@ -69,6 +77,9 @@ class CudaPlanRunner:
                 ex(arrays)
                 continue
             node = s.call.node
+            if isinstance(node.op, TypedMatMul):
+                self._run_typed(node, env)
+                continue
             ins = [self.constants[t] if t in self.constants else env[t] for t in node.inputs]
             logical = np.dtype(self.graph.tensors[node.inputs[0]].dtype).name
             bf16 = logical == "bfloat16"
@@ -82,6 +93,15 @@ class CudaPlanRunner:
             else:
                 raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
+
+    def _run_typed(self, node, env) -> None:
+        mm, dev = self.typed[node.name]
+        a, y = env[node.inputs[0]], env[node.outputs[0]]
+        a2 = a.reshape(mm.M, mm.K)
+        if a.dtype == np.float32:  # fp32 models: the typed GEMM takes fp16 activations, cast around it
+            y[...] = mm(a2.astype(np.float16), dev).astype(np.float32).reshape(y.shape)
+        else:  # fp16, or bf16 as uint16 bits: straight into the planned output
+            mm(a2, dev, out=y.reshape(mm.M, mm.N))
 
     def __call__(self, feeds: dict) -> dict:
         import cupy
@@ -109,6 +129,25 @@ class CudaPlanRunner:
             self._stream = stream
         self._cuda_graph.launch(self._stream)
         self._stream.synchronize()
+
+
+def typed_gemm(graph, node):
+    """(Matmul, PackedWeight) for a TypedMatMul: M = product of A's leading dims; A fp16 / bf16
+    as in the graph, fp16 for fp32 models (the typed GEMMs take half-precision activations)."""
+    from powerfusion.frontend.quantized import source_node
+    from powerfusion.ttile.onnx_quant import dequantize_matmul_to_typed, matmul_nbits_to_typed
+    a = graph.tensors[node.inputs[0]]
+    M = int(np.prod(a.shape[:-1], dtype=np.int64))
+    A_dtype = "bf16" if np.dtype(a.dtype).name == "bfloat16" else "fp16"
+    onnx_node, names = source_node(node.op, list(node.inputs))
+    consts = {t: np.asarray(graph.constants[t]) for t in node.inputs[1:]}
+    if node.op.source == "MatMulNBits":
+        mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype)
+    else:
+        import onnx
+        matmul = onnx.helper.make_node("MatMul", [node.inputs[0], onnx_node.output[0]], ["Y"])
+        mm, packed = dequantize_matmul_to_typed(onnx_node, matmul, consts, M, A_dtype)
+    return mm, packed
 
 
 def _to_device_layout(a: np.ndarray) -> np.ndarray:
