@@ -8,6 +8,7 @@
         drop it if the verifier or the renderer's layout check rejects it
         predicted = predict_seconds(estimate(optimised))
     keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
+    if every rewritten plan was rejected: the best feasible merged plan, as lowered (noted)
 
 Decisions are cached by the subgraph's structural hash (op kinds, arguments, shapes,
 dtypes -- not names), in memory and on disk under `options.current().cache_dir / "plans"`;
@@ -27,6 +28,7 @@ from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
 from powerfusion.perfmodel.specs import TargetSpec, get_target
 
 TOP_K = 8
+REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
 PROGRESS_MIN = 12   # show a progress bar from this many candidates on
 
 
@@ -148,10 +150,14 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
         raise PowerFusionError(f"subgraph {sub.name}: none of {len(plans)} plans could be lowered for {t.name}")
     bar = _Progress(len(cands), sub.name, progress)
     order = sorted(range(len(cands)), key=lambda k: (cands[k].bound, k))
-    best, rewritten, pruned = math.inf, 0, 0
+    best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
     for rank, k in enumerate(order):
         c = cands[k]
-        if rewritten >= max(1, beam) or (c.bound >= best and rewritten):
+        # a rejected rewrite is a rule or renderer limitation, and it tends to hit every plan of
+        # a subgraph alike: after REJECTED_RUN in a row with nothing valid, stop rewriting
+        stop = rewritten >= max(1, beam) or (c.bound >= best and rewritten) or \
+            (rejected_run >= REJECTED_RUN and not math.isfinite(best))
+        if stop:
             pruned += 1
             c.note = "pruned"
             bar.step()
@@ -160,24 +166,15 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
         rewritten += 1
         if c.note:
             infeasible += 1
+            rejected_run += 1
         else:
-            best = min(best, c.predicted)
+            best, rejected_run = min(best, c.predicted), 0
         bar.step()
     bar.done()
     valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
-    if not valid:  # every rewritten plan was rejected: try the rest before giving up
-        for c in cands:
-            if c.note == "pruned":
-                _evaluate(c, t)
-                pruned -= 1
-                if c.note:
-                    infeasible += 1
-                else:
-                    valid = [c]
-                    break
     note = ""
     if not valid:  # every rewritten plan was rejected: run a merged plan as lowered (correct, slower)
-        note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note})[:2])
+        note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note and c.note != "pruned"})[:2])
         for c in cands:
             if not feasibility(c.merged, t):
                 c.optimised, c.trace, c.note = c.merged, (), ""

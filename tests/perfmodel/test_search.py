@@ -146,7 +146,8 @@ def test_merged_plan_runs_when_every_rewrite_is_rejected(two_layernorms, cache, 
 
     monkeypatch.setattr(rw, "optimise", broken)
     graph, (a, _) = two_layernorms
-    pc = choose_plan(a, graph, H100, limit=4, beam=2, cache=False)
+    pc = choose_plan(a, graph, H100, limit=4, beam=4, cache=False)
+    assert pc.rewritten == 2   # two rejections in a row and nothing valid: stop rewriting
     assert pc.graph is pc.merged and pc.trace == ()
     assert "rewrites rejected" in pc.note and "simulated" in pc.note
     assert pc.estimate.launches == len(pc.merged.kernels()) > 1
