@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.traffic import total_bytes, traffic
 from powerfusion.rewrite import optimise
+from powerfusion.rewrite.sync_rules import crosses_kernels
 from tests.rewrite.gen import merged_graphs
 
 # float32 through exp/tanh/sigmoid: the interpreter and numpy evaluate the same ufuncs in the
@@ -35,6 +36,7 @@ def test_every_rewrite_step_preserves_outputs_and_never_raises_traffic(case):
         _assert_matches(step.after, feeds, expected, f"after rule '{step.rule}'")
         tb, ta = traffic(step.before), traffic(step.after)
         assert ta["global"] <= tb["global"] and total_bytes(ta) <= total_bytes(tb), step.rule
+        assert not crosses_kernels(step.after), step.rule
         prev = step.after
     assert prev.ops == result.ops
     assert len(result.kernels()) <= len(g.kernels())

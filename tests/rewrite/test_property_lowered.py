@@ -11,6 +11,7 @@ from powerfusion.gir.lower import lower_subgraph
 from powerfusion.gir.traffic import not_worse, traffic
 from powerfusion.gir.verifier import verify
 from powerfusion.rewrite import optimise
+from powerfusion.rewrite.sync_rules import crosses_kernels
 from tests.templates.strategies import basic_cases
 
 # float32 only; the rules never reorder arithmetic (swaps move whole pointwise functions and
@@ -34,6 +35,7 @@ def test_every_step_on_lowered_subgraphs(case):
     for step in trace:
         _outputs_match(step.after, case, ref, f"after rule '{step.rule}'")
         assert not_worse(traffic(step.before), traffic(step.after)), step.rule
+        assert not crosses_kernels(step.after), f"register/shared data across a kernel boundary after '{step.rule}'"
     assert len(result.kernels()) <= len(g.kernels())
 
 
