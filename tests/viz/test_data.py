@@ -209,3 +209,18 @@ def test_a_subgraph_over_its_time_budget_is_shown_as_failed():
     assert time.perf_counter() - t0 < 30
     ok = viz_data(matmul_relu(), target="cuda", timeout=120)   # the same results through the worker
     assert ok == viz_data(matmul_relu(), target="cuda")
+
+
+def test_channel_shuffle_walkthrough():
+    """docs/viz.md's walk-through: four kernels (three device syncs) merged; one kernel, each
+    element read once and written once, at the end."""
+    sg = viz_data(channel_shuffle(58, 28), target="cuda")["subgraphs"][0]
+    tensor = 58 * 28 * 28 * 4                      # bytes of one input (and one output)
+    stages = {s["kind"]: s for s in sg["stages"]}  # the last rule stage under "rule"
+    merged, final = stages["merged"]["gir"], stages["final"]["gir"]
+    assert merged["kernels"] == 4 and [op["scope"] for op in merged["ops"] if op["kind"] == "sync"] == ["device"] * 3
+    round_trip = 4 * tensor                        # a and b read once, y1 and y2 written once
+    assert merged["traffic"]["global"] == 3 * round_trip     # concat, transpose, split: each reads and writes it all
+    assert final["kernels"] == 1 and final["traffic"]["global"] == round_trip
+    assert {op["kind"] for op in final["ops"]} == {"move"}
+    assert [s["kind"] for s in sg["stages"]][:2] == ["templates", "merged"] and sg["trace_steps"] >= 3
