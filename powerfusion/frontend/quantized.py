@@ -173,8 +173,8 @@ def convert_quantized(cx) -> None:
 
 # ---- rebuilding the ONNX node, numpy execution ----------------------------------------
 
-def source_node(op: TypedMatMul, names: list[str]) -> tuple[onnx.NodeProto, dict]:
-    """The source ONNX node over `names` (A, *constants), and its input names by slot."""
+def source_node(op: TypedMatMul, names: list[str]) -> onnx.NodeProto:
+    """The source ONNX node over `names` (A, *constants); a DequantizeLinear's output is 'W'."""
     ins = [""] * (max(op.slots) + 1 if op.slots else 0)
     for slot, name in zip(op.slots, names[1:]):
         ins[slot] = name
@@ -183,7 +183,7 @@ def source_node(op: TypedMatMul, names: list[str]) -> tuple[onnx.NodeProto, dict
         node = helper.make_node("MatMulNBits", ins, ["Y"], domain=MS_DOMAIN, **dict(op.attrs))
     else:
         node = helper.make_node("DequantizeLinear", ins, ["W"], **dict(op.attrs))
-    return node, ins
+    return node
 
 
 def run_typed_matmul(op: TypedMatMul, args, dtype) -> np.ndarray:
@@ -196,7 +196,7 @@ def run_typed_matmul(op: TypedMatMul, args, dtype) -> np.ndarray:
         inputs[0] = a
         for slot, v in zip(op.slots, args[1:]):
             inputs[slot] = np.asarray(v)
-        return matmul_nbits_reference(source_node(op, ["A"] + [""] * len(op.slots))[0], inputs).astype(dtype)
+        return matmul_nbits_reference(source_node(op, ["A"] + [""] * len(op.slots)), inputs).astype(dtype)
     w = dequantize(op, [np.asarray(v) for v in args[1:]])
     return (a.astype(np.float64) @ w.astype(np.float64)).astype(dtype)
 

@@ -31,12 +31,10 @@ class CudaPlanRunner:
         self.constants = {}
         self.typed = {}
         for s in plan.library_steps:
-            if isinstance(s.call.node.op, TypedMatMul):
+            if isinstance(s.call.node.op, TypedMatMul):  # its constants travel packed, built once
                 mm, packed = typed_gemm(g, s.call.node)
                 self.typed[s.call.node.name] = (mm, mm.to_device(packed))
-        for s in plan.library_steps:
-            if isinstance(s.call.node.op, TypedMatMul):
-                continue  # its constants travel packed, inside self.typed
+                continue
             for t in s.call.node.inputs:
                 if t in g.constants and t not in self.constants:
                     self.constants[t] = cupy.asarray(_to_device_layout(np.asarray(g.constants[t])))
@@ -139,7 +137,7 @@ def typed_gemm(graph, node):
     a = graph.tensors[node.inputs[0]]
     M = int(np.prod(a.shape[:-1], dtype=np.int64))
     A_dtype = "bf16" if np.dtype(a.dtype).name == "bfloat16" else "fp16"
-    onnx_node, names = source_node(node.op, list(node.inputs))
+    onnx_node = source_node(node.op, list(node.inputs))
     consts = {t: np.asarray(graph.constants[t]) for t in node.inputs[1:]}
     if node.op.source == "MatMulNBits":
         mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype)
