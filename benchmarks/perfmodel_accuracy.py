@@ -1,6 +1,6 @@
 """Accuracy of the perf model: predicted vs measured time of many plans of the benchmark subgraphs.
 
-    python3 benchmarks/perfmodel_accuracy.py compile-time model.onnx CACHE_DIR [JOBS]  # search time
+    python3 benchmarks/perfmodel_accuracy.py compile-time model.onnx CACHE_DIR [JOBS [BEAM]]  # search time
 
 Two steps, because lowering and rewriting every plan is CPU work and GPU time is scarce:
 
@@ -394,6 +394,7 @@ if __name__ == "__main__":
         print(json.dumps(rescore(*sys.argv[2:6]), indent=1, default=str))
     elif cmd == "compile-time":
         jobs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-        print(json.dumps(compile_time(sys.argv[2], sys.argv[3], jobs), indent=1))
+        beam = int(sys.argv[5]) if len(sys.argv) > 5 else 4
+        print(json.dumps(compile_time(sys.argv[2], sys.argv[3], jobs, beam=beam), indent=1))
     else:
         sys.exit(__doc__)
