@@ -322,3 +322,33 @@ def test_index_floor_division_of_negative_offsets():
     k = np.arange(units * width)
     np.testing.assert_allclose(res["out"], a[(k - 3) % n] + b[(k - 11) // 4 + 3], rtol=1e-6)
     assert "pf_ifloormod(" in src and "pf_ifloordiv(" in src
+
+
+def test_registers_crossing_a_kernel_boundary_are_recomputed():
+    """GIR lets a unit's registers live across a DEVICE sync; NRAM does not survive a launch,
+    so the second kernel recomputes them (here: loads x and squares it again)."""
+    from powerfusion.gir.ir import Scope, Sync
+    units, width = 8, 32
+    row = lambda b: MemorySlice(b, G, U * width + J, 1, width, "float32")
+    reg = lambda b: MemorySlice(b, R, J, 1, width, "float32")
+    ops = [GOp(Move(), (row("x"),), (reg("r"),)), GOp(Elementwise("mul"), (reg("r"), reg("r")), (reg("sq"),)),
+           GOp(Move(), (reg("sq"),), (row("first"),)), GOp(Sync(Scope.DEVICE), (row("first"),), (row("first"),)),
+           GOp(Move(), (row("first"),), (reg("f"),)), GOp(Elementwise("add"), (reg("f"), reg("sq")), (reg("o"),)),
+           GOp(Move(), (reg("o"),), (row("out"),))]
+    bufs = (Buffer("x", G, units * width, "float32"), Buffer("first", G, units * width, "float32"),
+            Buffer("out", G, units * width, "float32"),
+            *[Buffer(b, R, width, "float32") for b in ("r", "sq", "f", "o")])
+    graph = GIRGraph("cross", Parallel(units, 4, 1), bufs, _numbered(ops), ("x",), ("out",))
+    k0, k1 = MLURenderer().render(graph)
+    assert "__bang_mul(" in k1.source  # the square is recomputed in the second kernel
+    x = np.random.default_rng(7).standard_normal(units * width).astype(np.float32)
+    ins = {"x": x, "first": x * x}
+    res, _ = run_bang(k1.source, k1.name, {b: ins[b] for b, _, w in k1.params if not w},
+                      {"out": ((units * width,), np.float32)}, k1.grid[0], launcher=f"launch_{k1.name}",
+                      args=[b for b, _, _ in k1.params])
+    np.testing.assert_allclose(res["out"], 2 * x * x, rtol=1e-6)
+    # recomputing is wrong when the data it read was overwritten in between: refused
+    clobber = GOp(Move(), (reg("sq"),), (row("x"),))
+    bad = replace(graph, ops=_numbered([*ops[:3], clobber, *ops[3:]]))
+    with pytest.raises(RenderError, match="overwritten"):
+        MLURenderer().render(bad)
