@@ -27,9 +27,10 @@ def case_key(case) -> str:
 
 def jobs() -> dict:
     import gir_cases
-    out = {p.stem: str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))}
-    for case in gir_cases.norm_cases() + gir_cases.subgraph_cases():
+    out = {}
+    for case in gir_cases.subgraph_cases() + gir_cases.norm_cases():  # benchmark cases first
         out[case_key(case)] = case.model.SerializeToString()
+    out.update({p.stem: str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))})
     return out
 
 

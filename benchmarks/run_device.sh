@@ -12,7 +12,7 @@ timeout "${PRECOMPILE_S:-170}" python3 benchmarks/precompile.py --out "$PLANS" -
 cp "$PLANS/compile.json" "$OUT/compile.json" 2>/dev/null
 echo "precompiled: $(ls $PLANS/*.pkl 2>/dev/null | wc -l) plans"
 timeout "${CHECK_S:-60}" python3 benchmarks/check_kernels_gpu.py --plans "$PLANS" --out "$OUT" 2>&1 | tail -25
-timeout "${TESTS_S:-90}" python3 -m pytest -q -m gpu tests/backends/test_c_renderer.py tests/runtime -p no:cacheprovider \
+timeout "${TESTS_S:-100}" python3 -m pytest -q -m gpu tests/backends tests/ttile/test_onnx_integration.py -p no:cacheprovider \
     > "$OUT/gpu_tests.txt" 2>&1
 tail -2 "$OUT/gpu_tests.txt"
 timeout "${BENCH_S:-300}" python3 benchmarks/bench_gir.py --suite norms subgraphs --plans "$PLANS" --out "$OUT" \

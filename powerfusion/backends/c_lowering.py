@@ -100,7 +100,7 @@ class KernelLowering:
 
     def expr(self, e: Expr) -> str:
         return render_c(e, {"u": "u", "i": "i", "j": "j"},
-                        load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])")
+                        load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
 
     def dtype(self, s: MemorySlice) -> str:
         return self.graph.buffer(s.buffer).dtype
@@ -404,3 +404,9 @@ def _identity_layout(s: MemorySlice) -> bool:
     from powerfusion.gir.expr import evaluate
     got = np.broadcast_to(evaluate(s.index, {"i": i, "j": j}), i.shape)
     return bool(np.array_equal(got, i * s.width + j))
+
+
+def _floor_ops(op: str, a: str, b: str) -> str:
+    """GIR's // and % round toward minus infinity; C's toward zero. Rewritten offsets can go
+    negative, so the floored forms are used (one extra compare for a constant divisor)."""
+    return f"pf_floordiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"

@@ -201,22 +201,27 @@ def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str,
     raise TypeError(e)
 
 
-def render_c(e: Expr, names: Mapping[str, str] | None = None, load: Callable[[str, str], str] | None = None) -> str:
-    """C source for an expression over non-negative operands (C's / and % then equal floor ones).
+def render_c(e: Expr, names: Mapping[str, str] | None = None, load: Callable[[str, str], str] | None = None,
+             floor: Callable[[str, str, str], str] | None = None) -> str:
+    """C source for an expression. C's / and % truncate, GIR's // and % floor: they agree on
+    non-negative operands; `floor(op, a, b)` renders floordiv/mod where operands may be negative.
     `names` maps variables to C identifiers; `load(buffer, index_src)` renders a Load."""
     names = names or {}
     if hasattr(e, "text"): return e.text  # a renderer's raw C fragment
     if isinstance(e, Const): return str(e.value)
     if isinstance(e, Var): return names.get(e.name, e.name)
     if isinstance(e, BinOp):
-        a, b = render_c(e.a, names, load), render_c(e.b, names, load)
+        a, b = render_c(e.a, names, load, floor), render_c(e.b, names, load, floor)
+        if floor is not None and e.op in ("floordiv", "mod"):
+            return floor(e.op, a, b)
         if e.op in _C_BINOPS:
             return f"({a} {_C_BINOPS[e.op]} {b})"
         return f"{e.op}({a}, {b})"
     if isinstance(e, Select):
-        return f"({render_c(e.cond, names, load)} ? {render_c(e.a, names, load)} : {render_c(e.b, names, load)})"
+        return (f"({render_c(e.cond, names, load, floor)} ? {render_c(e.a, names, load, floor)} : "
+                f"{render_c(e.b, names, load, floor)})")
     if isinstance(e, Load):
-        idx = render_c(e.index, names, load)
+        idx = render_c(e.index, names, load, floor)
         return load(e.buffer, idx) if load else f"((long long){e.buffer}[{idx}])"
     raise TypeError(e)
 

@@ -135,10 +135,10 @@ class _Cand:
 def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
             limit: int) -> PlanChoice:
     from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph
-    plans = enumerate_plans(sub, graph, t, limit=limit)
+    plans = [None] + enumerate_plans(sub, graph, t, limit=limit)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
     for plan in plans:
-        labels = tuple(c.label for c in plan.values())
+        labels = ("default",) if plan is None else tuple(c.label for c in plan.values())
         try:
             merged = lower_subgraph(sub, graph, plan, t)
         except LowerError:
@@ -149,7 +149,9 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
         from powerfusion.errors import PowerFusionError
         raise PowerFusionError(f"subgraph {sub.name}: none of {len(plans)} plans could be lowered for {t.name}")
     bar = _Progress(len(cands), sub.name, progress)
-    order = sorted(range(len(cands)), key=lambda k: (cands[k].bound, k))
+    # the default choice (plans[0], matched for fusion by the lowering) is always rewritten first,
+    # so a run of rejected alternatives cannot leave the subgraph unfused
+    order = sorted(range(len(cands)), key=lambda k: (k != 0, cands[k].bound, k))
     best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
     for rank, k in enumerate(order):
         c = cands[k]
@@ -217,13 +219,19 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
         c.note = c.estimate.infeasible or "infeasible"
 
 
+# The verifier tracks the last writer of every element; beyond this buffer size the search
+# relies on the templates and rules (verified at small shapes in the tests) and the renderer check.
+VERIFY_MAX_ELEMENTS = 1 << 23
+
+
 def feasibility(g: GIRGraph, t: TargetSpec) -> str:
     """'' when the graph verifies and (for C-style GPU targets) the renderer accepts its layouts."""
     from powerfusion.gir.verifier import GIRVerifyError, verify
-    try:
-        verify(g)
-    except GIRVerifyError as e:
-        return f"verifier: {e}"[:300]
+    if max((b.size for b in g.buffers), default=0) <= VERIFY_MAX_ELEMENTS:
+        try:
+            verify(g)
+        except GIRVerifyError as e:
+            return f"verifier: {e}"[:300]
     renderer = _renderer(t)
     if renderer is not None:
         from powerfusion.backends.c_renderer import RenderError

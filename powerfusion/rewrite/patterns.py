@@ -141,7 +141,7 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
 
     need: None (any unit may read it), "group" (same group), "unit" (same unit) or "lane"
     (same unit and lane). The writer must write each address at most once."""
-    if not _injective(w, _sampled(w_units, w.count), parallel, buffers):
+    if not _injective(w, w_units, parallel, buffers):
         return None
     r_units = _sampled(r_units, r.count)
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
@@ -151,7 +151,7 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
     return None
 
 
-SAMPLE_CAP = 1 << 20  # elements; larger checks look at a sample of units (first, last, seeded random)
+SAMPLE_CAP = 1 << 16  # elements; larger checks look at a sample of units (first, last, seeded random)
 
 
 def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP) -> np.ndarray:
@@ -236,7 +236,9 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
 
 
 def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
-    """No element written twice by this slice (keyed by owner group/unit below GLOBAL)."""
+    """No element written twice by this slice (keyed by owner group/unit below GLOBAL).
+    Beyond SAMPLE_CAP elements the check covers a fixed sample of units (see `_sampled`)."""
+    w_units = _sampled(w_units, w.count)
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
@@ -327,6 +329,7 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
 
 
 _COMPARE = ("lt", "le", "eq", "ne")
+COMPACT_CAP = 1 << 21  # elements; larger slices keep their composed index as it is
 _WORTH_FITTING = 12   # expression nodes: smaller sides are left as they are
 
 
@@ -365,6 +368,8 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
     units = np.asarray(units, np.int64)
     if len(units) == 0 or loads(s.index) or (s.valid is not None and loads(s.valid)):
         return s
+    if len(units) * s.count > COMPACT_CAP:
+        return s  # an exact refit would evaluate every element; the unsimplified slice is as correct
     valid_expr = s.valid
     if valid_expr is not None:
         valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)
