@@ -84,7 +84,7 @@ def layernorm(m, n, dtype):
     w, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     g.op("LayerNormalization", [x, g.const(w), g.const(b)], y, axis=-1, epsilon=EPS)
     tw, tb = _torch_param(w, dtype), _torch_param(b, dtype)
-    return BenchCase("norms", "layernorm", dtype, g.model("layernorm"), {"x": ((m, n), "normal")},
+    return BenchCase("norms", f"layernorm_{m}x{n}", dtype, g.model("layernorm"), {"x": ((m, n), "normal")},
                      lambda x: F.layer_norm(x, (n,), tw, tb, EPS), 2 * _nbytes((m, n), dtype) + 2 * _nbytes((n,), dtype))
 
 
@@ -101,7 +101,7 @@ def rmsnorm(m, n, dtype):
 
     def fn(x):
         return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * tw
-    return BenchCase("norms", "rmsnorm", dtype, g.model("rmsnorm"), {"x": ((m, n), "normal")}, fn,
+    return BenchCase("norms", f"rmsnorm_{m}x{n}", dtype, g.model("rmsnorm"), {"x": ((m, n), "normal")}, fn,
                      2 * _nbytes((m, n), dtype) + _nbytes((n,), dtype))
 
 
@@ -110,7 +110,7 @@ def softmax(m, n, dtype):
     g = G(dtype)
     x, y = g.inp("x", (m, n)), g.out("y", (m, n))
     g.op("Softmax", [x], y, axis=-1)
-    return BenchCase("norms", "softmax", dtype, g.model("softmax"), {"x": ((m, n), "normal")},
+    return BenchCase("norms", f"softmax_{m}x{n}", dtype, g.model("softmax"), {"x": ((m, n), "normal")},
                      lambda x: torch.softmax(x, -1), 2 * _nbytes((m, n), dtype))
 
 

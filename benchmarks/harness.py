@@ -277,7 +277,7 @@ def markdown_table(name: str, rows: list[dict], meta: dict) -> str:
     lines = []
     for r in rows:
         if r.get("device_time_s") is None:
-            lines.append(f"| {r['case']} | {r['dtype']} | {r['shape']} | {r['impl']} | - | - | - | - | "
+            lines.append(f"| {r['case']} | {r['dtype']} | {r.get('shape', '-')} | {r['impl']} | - | - | - | - | "
                          f"{r.get('error', 'not run')} |")
             continue
         gbps = r["bytes"] / r["device_time_s"] / 1e9

@@ -25,12 +25,15 @@ def case_key(case) -> str:
     return f"{case.name}-{case.dtype}"
 
 
-def jobs() -> dict:
+def jobs(suites=("subgraphs", "norms", "models")) -> dict:
     import gir_cases
     out = {}
-    for case in gir_cases.subgraph_cases() + gir_cases.norm_cases():  # benchmark cases first
+    cases = (gir_cases.subgraph_cases() if "subgraphs" in suites else []) + \
+        (gir_cases.norm_cases() if "norms" in suites else [])
+    for case in cases:  # benchmark cases first
         out[case_key(case)] = case.model.SerializeToString()
-    out.update({p.stem: str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))})
+    if "models" in suites:
+        out.update({p.stem: str(p) for p in sorted((ROOT / "models" / "small").glob("*.onnx"))})
     return out
 
 
@@ -55,9 +58,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout-s", type=float, default=150)
     ap.add_argument("--jobs", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
+    ap.add_argument("--suites", nargs="+", default=["subgraphs", "norms", "models"])
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    work = jobs()
+    work = jobs(args.suites)
     report = {}
     t0 = time.time()
     with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=1) as pool:

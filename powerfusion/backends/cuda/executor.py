@@ -37,8 +37,10 @@ class GIRExecutor:
         for ks in self.sources:
             mod = compile_source(ks.source, options, name=ks.name)
             k = mod.kernel(ks.name)
-            if ks.shared_bytes > 48 * 1024:
-                k.function.max_dynamic_shared_size_bytes = ks.shared_bytes
+            if ks.shared_bytes > 48 * 1024:  # above 48 KB a kernel must opt in to dynamic shared memory
+                from cupy.cuda import driver
+                driver.funcSetAttribute(k.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        ks.shared_bytes)
             self.kernels.append(LoadedKernel(ks, k))
         interface = set(graph.inputs) | set(graph.outputs)
         consts = dict(graph.constants)
