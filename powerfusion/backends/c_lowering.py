@@ -4,11 +4,13 @@ Each gOperator kind has one method `_<kind>` that returns its lines; adding a ki
 touches this table only (INSTRUCTIONS at the bottom)."""
 from __future__ import annotations
 
+from powerfusion.names import UniqueNames
+
 from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
+from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, Const, I, J, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
@@ -34,8 +36,7 @@ class KernelLowering:
                        f"the target has {renderer.lanes}")
         from powerfusion.backends.c_renderer import sanitize
         self.sanitize = sanitize
-        self._idents: dict[tuple[str, str], str] = {}
-        self._taken: set[str] = set()
+        self._names = UniqueNames()
         self.reg = self._register_layouts()
         self.smem_offsets, self.shared_bytes = self._shared_layout()
 
@@ -76,17 +77,7 @@ class KernelLowering:
 
     # ---- names ----------------------------------------------------------------------
     def ident(self, prefix: str, buf: str) -> str:
-        """A unique C identifier per buffer: model names are sanitised, and two names that
-        sanitise alike get distinct suffixes."""
-        key = (prefix, buf)
-        if key not in self._idents:
-            base = f"{prefix}_{self.sanitize(buf)}"
-            name, k = base, 1
-            while name in self._taken:
-                name, k = f"{base}_{k}", k + 1
-            self._taken.add(name)
-            self._idents[key] = name
-        return self._idents[key]
+        return self._names.ident(prefix, buf)
 
     def ptr(self, buf: str) -> str:
         return self.ident("p", buf)

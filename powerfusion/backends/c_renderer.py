@@ -20,19 +20,10 @@ from functools import cached_property
 
 import jinja2
 
-from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, I, J, U, variables, Const, BinOp
-from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
+from powerfusion.gir.ir import GIRGraph
+from powerfusion.names import sanitize  # noqa: F401  (re-exported for backends)
 from powerfusion.scalar import scalar_fn
 
-_IDENT_RE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def sanitize(name: str) -> str:
-    """A C identifier from a model's tensor/node name (never emit model names raw)."""
-    s = _IDENT_RE.sub("_", name)
-    if not s or not (s[0].isalpha() or s[0] == "_"):
-        s = "t_" + s
-    return s
 
 
 def c_float(x: float) -> str:

@@ -10,7 +10,8 @@ two templates that touch a tensor identically produce structurally equal slices.
 """
 from __future__ import annotations
 
-import re
+from powerfusion.names import sanitize  # noqa: F401  (one rule for every identifier)
+
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Sequence
@@ -23,16 +24,7 @@ from powerfusion.gir.expr import Expr, I, J, U, const, emax, emin, select
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Parallel
 from powerfusion.perfmodel.specs import TargetSpec, get_target
 
-_IDENT_RE = re.compile(r"[^A-Za-z0-9_]")
 UNITS_PER_GROUP = 4  # one group size for every template, so that merged templates share it
-
-
-def sanitize(name: str) -> str:
-    """A C identifier from a model name (same rule as the C renderer's)."""
-    s = _IDENT_RE.sub("_", name)
-    if not s or not (s[0].isalpha() or s[0] == "_"):
-        s = "t_" + s
-    return s
 
 
 def buffer_names(tensors: Sequence[str], taken: set[str] | None = None) -> dict[str, str]:

@@ -13,6 +13,8 @@ Three forms, chosen per kernel:
 """
 from __future__ import annotations
 
+from powerfusion.names import UniqueNames
+
 from powerfusion.backends.c_lowering import _op_line_ranges
 from powerfusion.backends.c_renderer import KernelSource, RenderError
 from powerfusion.backends.mlu.ops import Frame, OpEmitter
@@ -33,8 +35,7 @@ class MLUKernel(OpEmitter):
         self.r, self.graph, self.ops, self.name = renderer, graph, ops, name
         self.sanitize = sanitize
         self.P = graph.parallel
-        self._idents: dict[tuple[str, str], str] = {}
-        self._taken: set[str] = set()
+        self._names = UniqueNames()
         self.helpers: list[str] = []
         self.stage_bytes = self.tmp_bytes = 0
         self.shared_mode = any(isinstance(op.args, Sync) and op.args.scope == Scope.BLOCK for op in ops) or \
@@ -100,15 +101,7 @@ class MLUKernel(OpEmitter):
 
     # ---- names and scratch ------------------------------------------------------------
     def ident(self, prefix: str, buf: str) -> str:
-        key = (prefix, buf)
-        if key not in self._idents:
-            base = f"{prefix}_{self.sanitize(buf)}"
-            name, k = base, 1
-            while name in self._taken:
-                name, k = f"{base}_{k}", k + 1
-            self._taken.add(name)
-            self._idents[key] = name
-        return self._idents[key]
+        return self._names.ident(prefix, buf)
 
     def ptr(self, buf: str) -> str:
         return self.ident("p", buf)
