@@ -138,12 +138,13 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     plans = [None] + enumerate_plans(sub, graph, t, limit=limit)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
     for plan in plans:
-        labels = ("default",) if plan is None else tuple(c.label for c in plan.values())
         try:
             merged = lower_subgraph(sub, graph, plan, t)
         except LowerError:
             infeasible += 1
             continue
+        labels = tuple(label for _, label in merged.templates) if plan is None else \
+            tuple(c.label for c in plan.values())
         cands.append(_Cand(plan, labels, merged, optimistic_seconds(merged, t)))
     if not cands:
         from powerfusion.errors import PowerFusionError
