@@ -292,3 +292,12 @@ def wrap_clamp(e: Expr, n: int) -> Expr:
 
 def resolve_target(target) -> TargetSpec:
     return target if isinstance(target, TargetSpec) else get_target(target or "cuda")
+
+
+def builds(c) -> bool:
+    """Whether a candidate's graph can be built (templates raise Infeasible for shapes they cannot tile)."""
+    try:
+        c.build()
+    except Infeasible:
+        return False
+    return True

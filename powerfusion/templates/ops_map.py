@@ -6,7 +6,7 @@ from functools import partial
 
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import Expr, Load, const, select, emin, emax
-from powerfusion.templates.common import (Candidate, Ctx, Infeasible, View, and_, contiguous_strides,
+from powerfusion.templates.common import (builds, Candidate, Ctx, View, and_, contiguous_strides,
                                           contiguous_view, fill_value, in_range, wrap_clamp)
 from powerfusion.templates.maps import Part, Source, TileParams, build_parts, map_tilings, vecs_for
 
@@ -17,11 +17,8 @@ def _offer(ctx: Ctx, name: str, parts_fn, space, tensors, kinds=("rows", "chunk"
     out = []
     for tp in map_tilings(space, vecs_for(ctx, tensors), ctx.lanes, hint, kinds, splits):
         c = Candidate(f"{name}.{tp.kind}", tp, ctx, partial(_build, parts_fn, f"{name}.{tp.kind}"))
-        try:
-            c.build()
-        except Infeasible:
-            continue
-        out.append(c)
+        if builds(c):
+            out.append(c)
     return out
 
 

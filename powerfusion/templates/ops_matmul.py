@@ -17,7 +17,7 @@ from functools import partial
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import Expr, I, J, U
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
-from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
+from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           in_range, prod, reg_dtype)
 from powerfusion.templates.maps import Source, load
 
@@ -45,11 +45,8 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     for style in ("dot", "cols"):
         for v in dict.fromkeys((vmax, 1)):
             c = Candidate(f"{name}.{style}", DotParams(style, v), ctx, partial(_build, prod_fn, f"{name}.{style}"))
-            try:
-                c.build()
-            except Infeasible:
-                continue
-            out.append(c)
+            if builds(c):
+                out.append(c)
     return out
 
 

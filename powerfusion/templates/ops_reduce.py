@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
-from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
+from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
                                           reg_dtype, view_index)
 
 
@@ -58,11 +58,8 @@ def reduce(ctx: Ctx) -> list[Candidate]:
             continue
         seen.add(p)
         c = Candidate(f"reduce.{p.style}", p, ctx, _build)
-        try:
-            c.build()
-        except Infeasible:
-            continue
-        out.append(c)
+        if builds(c):
+            out.append(c)
     return out
 
 
