@@ -25,14 +25,15 @@ class GIRExecutor:
     """Compiles (NVRTC, disk-cached) and launches the kernels of one GIR graph.
 
     `__call__(arrays)` takes CuPy arrays for the graph's GLOBAL input and output buffers
-    (any shape, contiguous, matching element counts); scratch GLOBAL buffers are allocated once."""
+    (any shape, contiguous, matching element counts); scratch GLOBAL buffers are allocated once.
+    `sources`: the graph's kernels as a compiled Plan already rendered them (else rendered here)."""
 
-    def __init__(self, graph: GIRGraph, renderer=None, options: tuple[str, ...] = ()):
+    def __init__(self, graph: GIRGraph, renderer=None, options: tuple[str, ...] = (), sources=None):
         import cupy
         from powerfusion.backends.cuda.renderer import CUDARenderer
         from powerfusion.backends.cuda.runtime import compile_source
         self.graph = graph
-        self.sources = (renderer or CUDARenderer()).render(graph)
+        self.sources = list(sources) if sources else (renderer or CUDARenderer()).render(graph)
         self.kernels = []
         for ks in self.sources:
             mod = compile_source(ks.source, options, name=ks.name)

@@ -27,7 +27,11 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda.executor import GIRExecutor
         self.plan, self.graph = plan, plan.graph
         g = self.graph
-        self.executors = {s.name: GIRExecutor(s.gir) for s in plan.kernel_steps}
+        from powerfusion.perfmodel.specs import get_target
+        # a cuda plan's kernels were rendered by the CUDA renderer at compile time: not again here
+        rendered = get_target(plan.target).backend == "cuda"
+        self.executors = {s.name: GIRExecutor(s.gir, sources=s.kernels if rendered else None)
+                          for s in plan.kernel_steps}
         self.constants = {}
         self.typed = {}
         for s in plan.library_steps:
@@ -87,7 +91,8 @@ class CudaPlanRunner:
             elif isinstance(node.op, Conv):
                 op = node.op
                 y = library.conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, strides=op.strides,
-                                 pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations, group=op.group)
+                                 pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations, group=op.group,
+                                 logical_dtype="bfloat16" if bf16 else None)
             else:
                 raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
@@ -111,6 +116,9 @@ class CudaPlanRunner:
             self._run_steps()
         out = {}
         for t in self.graph.outputs:
+            if t.name in self.graph.constants:  # folded at import (Shape of a static tensor): no buffer
+                out[t.name] = np.array(self.graph.constants[t.name], dtype=np_dtype(np.dtype(t.dtype).name))
+                continue
             host = cupy.asnumpy(self.tensors[t.name])
             out[t.name] = host.view(np_dtype("bfloat16")) if np.dtype(t.dtype).name == "bfloat16" else host
         return out
