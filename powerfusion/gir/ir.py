@@ -28,6 +28,7 @@ Nodes are immutable; graphs are rebuilt, never edited in place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from enum import IntEnum
 from typing import Union
 
@@ -201,9 +202,10 @@ class GOp:
         return KIND_OF[type(self.args)]
 
     def active_units(self, units: int, buffers=None) -> np.ndarray:
-        u = np.arange(units, dtype=np.int64)
-        if self.guard is None:
-            return u
+        """The units that run this gOperator (sorted; read-only: shared between callers)."""
+        if buffers is None or self.guard is None or not _guard_loads(self.guard):
+            return _active_units(self.guard, units)
+        u = _unit_range(units)
         return u[np.broadcast_to(evaluate(self.guard, {"u": u}, buffers), u.shape).astype(bool)]
 
     def describe(self) -> str:
@@ -274,6 +276,28 @@ class GIRGraph:
         if cur:
             parts.append(tuple(cur))
         return parts
+
+
+@lru_cache(maxsize=16)
+def _unit_range(units: int) -> np.ndarray:
+    u = np.arange(units, dtype=np.int64)
+    u.flags.writeable = False
+    return u
+
+
+@lru_cache(maxsize=64)
+def _active_units(guard: Expr | None, units: int) -> np.ndarray:
+    u = _unit_range(units)
+    if guard is None:
+        return u
+    out = u[np.broadcast_to(evaluate(guard, {"u": u}), u.shape).astype(bool)]
+    out.flags.writeable = False
+    return out
+
+
+def _guard_loads(guard: Expr) -> bool:
+    from powerfusion.gir.expr import loads
+    return bool(loads(guard))
 
 
 def _loaded(s: MemorySlice) -> frozenset[str]:

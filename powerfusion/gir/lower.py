@@ -77,6 +77,13 @@ class _Plan:
             return c
         return Candidate(c.name, c.params, ctx, c.builder)
 
+    def match(self, p: Candidate, c: Candidate, buffer: str) -> tuple[bool, bool]:
+        """(lines_up, same_tiles) for producer p and consumer c of `buffer`, memoised."""
+        key = (id(p), id(c), buffer)
+        if key not in self.memo:
+            self.memo[key] = (lines_up(p, c, buffer), same_tiles(p, c, buffer))
+        return self.memo[key]
+
     def internal_edges(self):
         """(producer node, consumer node, buffer) for tensors made and used inside the subgraph."""
         made = {}
@@ -201,21 +208,22 @@ def same_tiles(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
     return bool(ws) and ws == rs
 
 
-def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
+def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2,
+             family: tuple | None = None) -> dict[str, Candidate]:
+    """Coordinate descent over the ops' candidates, maximising lined-up edges. `family`
+    (vector width, units per row) breaks the remaining ties towards candidates of that family,
+    so a chain whose edges nothing decides (a reduce's per-row result feeding a broadcast)
+    stays one family instead of switching mid-chain (which lines nothing up at the switch)."""
     fixed = fixed or {}
     edges = list(plan.internal_edges())
 
-    def match(p, c, b):
-        key = (id(p), id(c), b)
-        if key not in plan.memo:
-            plan.memo[key] = (lines_up(p, c, b), same_tiles(p, c, b))
-        return plan.memo[key]
-
+    match = plan.match
     choice: dict[str, Candidate] = {}
 
-    def score(node, cand, both: bool) -> tuple[int, int]:
-        """(edges lined up, edges with equal per-unit tiles): the second breaks ties towards
-        structurally similar neighbours where nothing lines up (moves then compose cleanly)."""
+    def score(node, cand, both: bool) -> tuple[int, int, bool]:
+        """(edges lined up, edges with equal per-unit tiles, preferred width): the second breaks
+        ties towards structurally similar neighbours where nothing lines up (moves then compose
+        cleanly), the third towards one vector width for the whole chain."""
         s = t = 0
         for p, c, b in edges:
             pairs = []
@@ -226,7 +234,7 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
             for pc, cc in pairs:
                 m, st = match(pc, cc, b)
                 s, t = s + m, t + st
-        return s, t
+        return s, t, family is not None and _family_score(cand, family)
 
     def pick(node, both):
         if node.name in fixed:
@@ -254,7 +262,45 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
 
 
 def default_choice(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> dict[str, Candidate]:
-    return _descend(_Plan(subgraph, graph, target))
+    return _best_descent(_Plan(subgraph, graph, target))
+
+
+def _per_row(c: Candidate) -> int | None:
+    """Units per row of a row-wise candidate (None: not row-wise)."""
+    p = c.params
+    if getattr(p, "kind", None) == "rows":
+        return p.per_row
+    style = getattr(p, "style", None)
+    return {"row_warp": 1, "block": c.ctx.upg}.get(style)
+
+
+def _family_score(c: Candidate, family: tuple) -> int:
+    vec, per_row = family
+    return (getattr(c.params, "vec", None) == vec) + 2 * (per_row is not None and _per_row(c) == per_row)
+
+
+def _families(plan: _Plan) -> list[tuple]:
+    """(vector width, units per row) pairs the candidates offer: widest first, one unit per row first."""
+    cs = [c for n in plan.nodes for c in plan.candidates(n)]
+    ws = sorted({w for c in cs if isinstance(w := getattr(c.params, "vec", None), int)}, reverse=True)
+    rows = sorted({r for c in cs if (r := _per_row(c)) is not None})
+    return [(w, r) for r in rows or [None] for w in ws]
+
+
+def _lined_up(plan: _Plan, choice: dict[str, Candidate]) -> int:
+    return sum(plan.match(choice[p.name], choice[c.name], b)[0] for p, c, b in plan.internal_edges())
+
+
+def _best_descent(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
+    """The descent with the most lined-up edges over the family preferences (ties: the first
+    family of `_families`, then no preference)."""
+    best, best_n = None, -1
+    for f in _families(plan) + [None]:
+        ch = _descend(plan, fixed, sweeps, family=f)
+        n = _lined_up(plan, ch)
+        if n > best_n:
+            best, best_n = ch, n
+    return best
 
 
 def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
@@ -270,7 +316,9 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
         if key not in seen:
             seen.add(key)
             plans.append(ch)
-    add(_descend(plan))
+    add(_best_descent(plan))
+    for f in _families(plan):
+        add(_descend(plan, family=f))
     for n in plan.nodes:
         for c in plan.candidates(n):
             if len(plans) >= limit:
@@ -288,7 +336,7 @@ def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = 
     if choice and len(given) == len(plan.nodes):
         chosen = {n.name: plan.rebind(n, given[n.name]) for n in plan.nodes}
     else:  # the ops not named are matched around the named ones
-        chosen = _descend(plan, given)
+        chosen = _best_descent(plan, given)
     parts = [(n, chosen[n.name], chosen[n.name].build()) for n in plan.nodes]
     return merge(plan, parts)
 

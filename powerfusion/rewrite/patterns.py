@@ -10,6 +10,7 @@ what any element holds: when the check fails the rule does not fire.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,14 +112,18 @@ def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tu
         return
     c0, digits = fit
     names = [f"d{k}" for k in range(len(digits))]
-    sol = _decompose(_ADDR - c0, ij + [(c, ext, n) for (c, ext, _), n in zip(digits, names)])
-    if sol is None:
+    # a unit digit the address ignores (several units share an address, the valid mask
+    # picking one of them) is not in the address: try each of its values (the check decides)
+    free = [(ext, place) for (c, ext, place) in digits if c == 0 and ext > 1]
+    sol = _decompose(_ADDR - c0, ij + [(c, ext, n) for (c, ext, _), n in zip(digits, names) if c != 0 or ext <= 1])
+    if sol is None or int(np.prod([ext for ext, _ in free], dtype=np.int64)) > 64:
         return
     u1: Expr = Const(0)
     for (c, ext, place), n in zip(digits, names):
         if n in sol:
             u1 = u1 + sol[n] * place
-    yield u1, sol
+    for values in itertools.product(*[range(ext) for ext, _ in free]):
+        yield u1 + sum((v * place for v, (_, place) in zip(values, free) if v), Const(0)), sol
 
 
 def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel, need: str | None,
@@ -306,13 +311,16 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo))
-    A = np.stack([np.ones(target.size, np.int64)] + [d[4] for d in digits], axis=1)
     rows = np.arange(target.size)
     if target.size > 512:   # solve on a sample, check on every element below
         rows = np.random.default_rng(0).choice(target.size, 512, replace=False)
-    coef = np.rint(np.linalg.lstsq(A[rows].astype(np.float64), target[rows].astype(np.float64), rcond=None)[0])
-    coef = coef.astype(np.int64)
-    if not np.array_equal(A @ coef, target):
+    A = np.stack([np.ones(rows.size)] + [d[4][rows].astype(np.float64) for d in digits], axis=1)
+    coef = np.rint(np.linalg.lstsq(A, target[rows].astype(np.float64), rcond=None)[0]).astype(np.int64)
+    got = np.full(target.shape, coef[0], np.int64)
+    for d, c in zip(digits, coef[1:]):
+        if c:
+            got += d[4] * c
+    if not np.array_equal(got, target):
         return None
     out: Expr = Const(int(coef[0]))
     run = None   # (var, lo, base coefficient, next lo, extent): digits that form one wider digit
@@ -329,7 +337,7 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
 
 
 _COMPARE = ("lt", "le", "eq", "ne")
-COMPACT_CAP = 1 << 21  # elements; larger slices keep their composed index as it is
+COMPACT_CAP = 1 << 18  # elements; larger slices are refitted on a sample of units (`_sampled`)
 _WORTH_FITTING = 12   # expression nodes: smaller sides are left as they are
 
 
@@ -369,7 +377,7 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
     if len(units) == 0 or loads(s.index) or (s.valid is not None and loads(s.valid)):
         return s
     if len(units) * s.count > COMPACT_CAP:
-        return s  # an exact refit would evaluate every element; the unsimplified slice is as correct
+        units = _sampled(units, s.count)  # fitted and checked on a sample of units, as above
     valid_expr = s.valid
     if valid_expr is not None:
         valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)

@@ -181,14 +181,18 @@ def view_index(view: View, pieces: Sequence[Piece], shape) -> Expr:
     return total
 
 
-def rows_tiling(shape, split: int, W: int) -> tuple[list[Piece], int, int, Expr | None]:
-    """One unit per row: leading dims [:split] by u, the row [split:] in num segments of W.
+def rows_tiling(shape, split: int, W: int, per_row: int = 1) -> tuple[list[Piece], int, int, Expr | None]:
+    """`per_row` consecutive units per row (one unit: per_row = 1): leading dims [:split] by
+    u // per_row, the row [split:] in segments of W dealt round-robin to the row's units
+    (segment i of unit u is segment i*per_row + u % per_row: reduce.block's layout).
     Returns (pieces, units, num, valid)."""
     R, C = prod(shape[:split]), prod(shape[split:])
-    num = max(1, -(-C // W))
-    k = I * W + J
-    return ([(U, tuple(range(split))), (k, tuple(range(split, len(shape))))], max(R, 1), num,
-            k.lt(C) if C % W else None)
+    G = max(1, per_row)
+    num = max(1, -(-C // (W * G)))
+    k = I * W + J if G == 1 else (I * G + U % G) * W + J
+    row = U if G == 1 else U // G
+    return ([(row, tuple(range(split))), (k, tuple(range(split, len(shape))))], max(R, 1) * G, num,
+            k.lt(C) if C % (W * G) else None)
 
 
 def chunk_tiling(shape, num: int, W: int) -> tuple[list[Piece], int, int, Expr | None]:

@@ -18,6 +18,9 @@ from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, 
                                           cyclic_tiling, prod, reg_dtype, rows_tiling, view_index)
 
 
+LONG_ROW = 4096   # elements: rows from this long are also offered split over a group's units
+
+
 @dataclass(frozen=True)
 class TileParams:
     kind: str          # rows | chunk | cyclic
@@ -25,6 +28,7 @@ class TileParams:
     split: int = 0     # rows: leading dims [:split] go to units
     num: int = 1       # chunk: segments per unit
     units: int = 0     # cyclic: number of units
+    per_row: int = 1   # rows: consecutive units (of one group) per row
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def tile_width(tp: TileParams, shape, lanes: int) -> int:
 def tiling(tp: TileParams, shape, lanes: int):
     W = tile_width(tp, shape, lanes)
     if tp.kind == "rows":
-        return rows_tiling(shape, tp.split, W)
+        return rows_tiling(shape, tp.split, W, tp.per_row)
     if tp.kind == "chunk":
         return chunk_tiling(shape, tp.num, W)
     if tp.kind == "cyclic":
@@ -132,9 +136,11 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
 
 
 def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=("rows", "chunk", "cyclic"),
-                splits: Sequence[int] | None = None) -> list[TileParams]:
+                splits: Sequence[int] | None = None, group: int = 1) -> list[TileParams]:
     """The parameter space of a map over `shape`: rows over the trailing 1..rank-1 dims
-    (innermost first, so row-per-unit patterns line up with reductions), chunks and grid-stride."""
+    (innermost first, so row-per-unit patterns line up with reductions), chunks and grid-stride.
+    Long rows (and one-element rows, a reduction's result) also come split over the `group`
+    units of a group, matching reduce.block: a row too long for one unit's registers."""
     rank = len(shape)
     out: list[TileParams] = []
 
@@ -143,6 +149,8 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
     if "rows" in kinds and rank and shape[-1] == 1 and prod(shape) > 1:
         s = max(d for d in range(rank) if shape[d] != 1) + 1  # one element per unit: a reduction's row
         out.append(TileParams("rows", 1, split=s))
+        if group > 1:
+            out.append(TileParams("rows", 1, split=s, per_row=group))
     if "rows" in kinds:
         order = list(splits if splits is not None else range(rank - 1, 0, -1))
         # rows that occupy at least half the lanes first (innermost first), then the rest
@@ -150,6 +158,8 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
         for s in order:
             if 0 < s < rank and prod(shape[s:]) > 1:
                 out += [TileParams("rows", v, split=s) for v in vsets(prod(shape[s:]))]
+                if group > 1 and prod(shape[s:]) >= LONG_ROW:
+                    out += [TileParams("rows", v, split=s, per_row=group) for v in vsets(prod(shape[s:]))]
     n = prod(shape)
     for v in vsets(n):
         if "chunk" in kinds:

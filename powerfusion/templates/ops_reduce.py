@@ -50,7 +50,7 @@ def reduce(ctx: Ctx) -> list[Candidate]:
     cols = [ReduceParams("cols", v) for v in (vecs[0], 1) if R % v == 0 and R > 1]
     pts += (row + cols) if inner or R == 1 else (cols + row)
     if ctx.upg > 1:
-        pts.append(ReduceParams("block", 1))
+        pts += [ReduceParams("block", v) for v in (vecs[0], 1) if K % v == 0]
     pts += [ReduceParams("grid", 1, s) for s in (2, 8)]
     out, seen = [], set()
     for p in pts:

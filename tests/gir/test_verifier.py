@@ -187,9 +187,33 @@ def test_needed_scope_shared_and_register():
     assert needed_scope(chunk(), UNITS[:2], chunk(off=U * 128 + 512), UNITS[:2], P) == Scope.LANE
 
 
-def test_needed_scope_structural_beyond_cap():
-    assert needed_scope(chunk(), UNITS, chunk(), UNITS, P, cap=10) == Scope.LANE
-    assert needed_scope(chunk(), UNITS, chunk(vec=1), UNITS, P, cap=10) == Scope.DEVICE
+BIG_P = Parallel(4096, 4, 32)
+BIG_UNITS = np.arange(4096)
+
+
+@pytest.mark.parametrize("read", [
+    chunk(), chunk(vec=1), chunk(off=(U // 4 * 4 + (U + 1) % 4) * 128), chunk(off=((U + 1) % 4096) * 128),
+])
+def test_needed_scope_sampled_beyond_cap_agrees_with_exact(read, monkeypatch):
+    import powerfusion.gir.scope as scope
+    exact = needed_scope(chunk(), BIG_UNITS, read, BIG_UNITS, BIG_P)
+    monkeypatch.setattr(scope, "SAMPLE", 4 * 128 * 8)   # a handful of the 1024 groups
+    assert scope.sample_groups(BIG_UNITS, 4, 128, scope.SAMPLE).size < 1024
+    assert needed_scope(chunk(), BIG_UNITS, read, BIG_UNITS, BIG_P, cap=10) == exact
+
+
+def test_needed_scope_sampled_is_conservative_for_unwritten_global_reads():
+    # exact: the reads touch nothing written here (LANE); sampled: cannot tell who wrote them (DEVICE)
+    disjoint = chunk(off=U * 128 + 512)
+    assert needed_scope(chunk(), UNITS[:2], disjoint, UNITS[:2], P) == Scope.LANE
+    assert needed_scope(chunk(), UNITS[:2], disjoint, UNITS[:2], P, cap=10) == Scope.DEVICE
+
+
+def test_needed_scope_structural_for_gathers_without_data():
+    from powerfusion.gir.expr import Load
+    g = MemorySlice.strided("T", Level.GLOBAL, Load("idx", U) * 128, 1, 128, 128, "float32")
+    assert needed_scope(g, UNITS, g, UNITS, P) == Scope.LANE
+    assert needed_scope(chunk(), UNITS, g, UNITS, P) == Scope.DEVICE
 
 
 def test_overwrite_after_another_units_read_needs_sync():
