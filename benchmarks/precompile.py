@@ -59,9 +59,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=150)
     ap.add_argument("--jobs", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
     ap.add_argument("--suites", nargs="+", default=["subgraphs", "norms", "models"])
+    ap.add_argument("--skip-existing", action="store_true", help="keep plans already in --out")
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     work = jobs(args.suites)
+    if args.skip_existing:
+        work = {k: m for k, m in work.items() if not Path(args.out, f"{k}.pkl").exists()}
     report = {}
     t0 = time.time()
     with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=1) as pool:
@@ -74,7 +77,10 @@ def main(argv=None) -> int:
                 report[k] = {"error": f"compile did not finish within {args.timeout_s:.0f} s (all jobs share it)"}
             print(k, report[k], flush=True)
         pool.terminate()
-    Path(args.out, "compile.json").write_text(json.dumps(report, indent=1))
+    old = Path(args.out, "compile.json")
+    if args.skip_existing and old.exists():
+        report = {**json.loads(old.read_text()), **report}
+    old.write_text(json.dumps(report, indent=1))
     return 0
 
 
