@@ -77,6 +77,7 @@ class Matmul:
             self.spec = dataclasses.replace(self.spec, N_pad=-(-N // 8) * 8)
         self.name, self.source = codegen.render(self.spec, self.kind)
         self._fn = None
+        self._scratch = {}   # device buffers reused across calls (one stream at a time)
 
     # ---- host side ----
     def quantize(self, weight: np.ndarray) -> QuantizedWeight:
@@ -182,33 +183,47 @@ class Matmul:
         return [None if x is None else cp.asarray(_bits(x)) for x in packed.arrays()]
 
     def __call__(self, A, packed, out=None):
-        """A: CuPy array [M, K]; packed: PackedWeight or its to_device() list."""
+        """A: CuPy array [M, K]; packed: PackedWeight or its to_device() list; out: an
+        optional [M, N] array of the output type. The fused kernels allocate nothing per call
+        (after the first), so they can be captured in a CUDA graph; the dequantise path
+        calls cuBLAS, which CuPy refuses to run while a stream is being captured."""
         import cupy as cp
         dev = self.to_device(packed) if isinstance(packed, PackedWeight) else packed
         words, scale, zeros, bias = dev
         s = self.spec
-        if A.shape != (self.M, self.K):
-            raise ValueError(f"A has shape {A.shape}, expected {(self.M, self.K)}")
+        adt = {"fp16": cp.float16, "bf16": cp.uint16, "int8": cp.int8}[s.A_dtype]
+        if A.shape != (self.M, self.K) or A.dtype != adt:
+            raise ValueError(f"A has shape {A.shape} and dtype {A.dtype}, expected {(self.M, self.K)} {np.dtype(adt)}")
         # bf16 travels as raw uint16 bits (CuPy has no bfloat16 dtype)
         odt = {"fp16": cp.float16, "fp32": cp.float32, "int32": cp.int32, "bf16": cp.uint16}[s.out_dtype]
-        null = cp.zeros(1, cp.uint8)
+        if out is not None and (out.shape != (self.M, self.N) or out.dtype != odt):
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, expected {(self.M, self.N)} {np.dtype(odt)}")
+        null = self._buffer("null", (1,), cp.uint8)
         grid, block = self.launch_config()
         if self.fused:
             out = out if out is not None else cp.empty((self.M, self.N), odt)
             self._kernel()(grid, block, (A, words, _or(scale, null), _or(zeros, null), _or(bias, null), out))
             return out
         bf16 = s.A_dtype == "bf16"
-        wdeq = cp.empty((self.N, self.K), cp.uint16 if bf16 else cp.float16)
+        wdeq = self._buffer("wdeq", (self.N, self.K), cp.uint16 if bf16 else cp.float16)
         self._kernel()(grid, block, (words, _or(scale, null), _or(zeros, null), wdeq))
         from .runtime import bf16_bits_to_f32, f32_to_bf16_bits, gemm_nt_f32
-        res = gemm_nt_f32(A.view(cp.uint16) if bf16 else A, wdeq, s.A_dtype)   # tensor cores, fp32 out
+        res = gemm_nt_f32(A.view(cp.uint16) if bf16 else A, wdeq, s.A_dtype,
+                          out=self._buffer("res", (self.M, self.N), cp.float32))   # tensor cores, fp32 out
         if bias is not None:
             res += bf16_bits_to_f32(bias.view(cp.uint16)) if bf16 else bias.astype(cp.float32)
-        res = f32_to_bf16_bits(res) if s.out_dtype == "bf16" else res.astype(odt, copy=False)
-        if out is not None:
-            out[...] = res
-            return out
-        return res
+        res = f32_to_bf16_bits(res) if s.out_dtype == "bf16" else res
+        if out is None:
+            return res.astype(odt)     # a copy: the scratch buffer is overwritten by the next call
+        out[...] = res
+        return out
+
+    def _buffer(self, key, shape, dtype):
+        import cupy as cp
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self._scratch[key] = cp.zeros(shape, dtype)
+        return buf
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

@@ -110,11 +110,18 @@ def _nbits_weight(node, consts: dict) -> tuple[QuantizedWeight, str]:
     if names[4]:
         raise NodeError(node.name, node.op_type, 1, shapes, "g_idx (act-order) is not supported")
     blocks = -(-K // bs)
+    zp = consts.get(names[3]) if names[3] else None
+    want = {1: N * blocks * (bs * bits // 8), 2: N * blocks,
+            3: N * blocks if zp is not None and zp.dtype != np.uint8 else N * -(-blocks * bits // 8)}
+    for i in (1, 2, 3):
+        if names[i] and consts[names[i]].size != want[i]:
+            raise NodeError(node.name, node.op_type, 1, shapes, f"input {i} ('{names[i]}') has "
+                            f"{consts[names[i]].size} elements; K={K}, N={N}, bits={bits}, "
+                            f"block_size={bs} need {want[i]}")
     codes = unpack_bits(consts[names[1]].reshape(N, blocks, -1), bits, bs).reshape(N, -1)[:, :K]
     scale = consts[names[2]].astype(np.float32).reshape(N, blocks)
-    if not names[3]:
+    if zp is None:
         return QuantizedWeight(f"int{bits}", codes, scale.astype(np.float16), None, bs, None), f"int{bits}"
-    zp = consts[names[3]]
     if zp.dtype == np.uint8:
         z = unpack_bits(zp.reshape(N, -1), bits, blocks)
         return QuantizedWeight(f"uint{bits}", codes, scale.astype(np.float16), z.astype(np.uint8), bs,
@@ -146,18 +153,30 @@ def matmul_nbits_reference(node, inputs: list) -> np.ndarray:
     return y.astype(A.dtype)
 
 
-def matmul_nbits_to_typed(node, consts: dict, M: int, A_dtype: str = "fp16") -> tuple[Matmul, PackedWeight]:
-    """The typed GEMM for a MatMulNBits node with M activation rows (scales become fp16)."""
-    qw, wtype = _nbits_weight(node, consts)
+def _typed(node, opset: int, shapes, qw: QuantizedWeight, M: int, A_dtype: str, out_dtype: str | None,
+           group: int | None, bias=None) -> tuple[Matmul, PackedWeight]:
     N, K = qw.codes.shape
-    bias_name = node.input[5] if len(node.input) > 5 else ""
-    bias = consts.get(bias_name) if bias_name else None
-    mm = Matmul(M, N, K, A_dtype, wtype, group_size=qw.group_size, zeros_mode=qw.zeros_mode,
-                with_bias=bias is not None)
+    try:
+        mm = Matmul(M, N, K, A_dtype, qw.wtype, out_dtype=out_dtype, group_size=group,
+                    zeros_mode=qw.zeros_mode, with_bias=bias is not None)
+    except ValueError as e:   # e.g. a block size the kernels do not take (16, or not a power of two)
+        raise NodeError(node.name, node.op_type, opset, shapes, f"no typed GEMM for this weight: {e}") from None
     return mm, mm.pack(qw, bias=bias)
 
 
-def dequantize_matmul_to_typed(dq, matmul, consts: dict, M: int, A_dtype: str = "fp16") -> tuple[Matmul, PackedWeight]:
+def matmul_nbits_to_typed(node, consts: dict, M: int, A_dtype: str = "fp16",
+                          out_dtype: str | None = None) -> tuple[Matmul, PackedWeight]:
+    """The typed GEMM for a MatMulNBits node with M activation rows (scales become fp16);
+    out_dtype: A_dtype (default) or fp32."""
+    qw, _ = _nbits_weight(node, consts)
+    bias_name = node.input[5] if len(node.input) > 5 else ""
+    bias = consts.get(bias_name) if bias_name else None
+    shapes = [tuple(consts[n].shape) if n in consts else None for n in node.input]
+    return _typed(node, 1, shapes, qw, M, A_dtype, out_dtype, qw.group_size, bias)
+
+
+def dequantize_matmul_to_typed(dq, matmul, consts: dict, M: int, A_dtype: str = "fp16",
+                               out_dtype: str | None = None) -> tuple[Matmul, PackedWeight]:
     """DequantizeLinear(x [K, N] int4/uint4/int8/uint8 const) -> MatMul(A, .): the typed GEMM.
     Scales per output column (axis=1) or in blocks along K (axis=0, block_size attribute)."""
     x = consts.get(dq.input[0])
@@ -169,14 +188,13 @@ def dequantize_matmul_to_typed(dq, matmul, consts: dict, M: int, A_dtype: str = 
     at = _attrs(dq)
     axis, bs = at.get("axis", 1) % 2, at.get("block_size", 0)
     K, N = x.shape
-    kind = np.dtype(x.dtype).kind if x.dtype.names is None else "?"
-    signed = str(x.dtype) in ("int8", "int4") or kind == "i"
-    bits = 4 if "4" in str(x.dtype) else 8
+    signed = np.dtype(x.dtype).name in ("int8", "int4")
+    bits = 4 if "4" in np.dtype(x.dtype).name else 8
     vals = x.astype(np.int64).T                                        # [N, K]
-    if axis == 1 and s.ndim <= 1:                                      # per output channel
+    if axis == 1 and s.ndim <= 1 and s.size in (1, N):                 # per output channel
         G, scale = K, np.broadcast_to(s.astype(np.float32).reshape(-1, 1), (N, 1))
         zz = None if z is None else np.broadcast_to(z.astype(np.int64).reshape(-1, 1), (N, 1))
-    elif axis == 0 and bs and s.ndim == 2:                             # blocked along K
+    elif axis == 0 and bs and s.shape == (-(-K // bs), N):             # blocked along K
         G, scale = bs, s.astype(np.float32).T
         zz = None if z is None else z.astype(np.int64).T
     else:
@@ -188,5 +206,4 @@ def dequantize_matmul_to_typed(dq, matmul, consts: dict, M: int, A_dtype: str = 
     else:
         zc = (np.zeros((N, scale.shape[1]), np.int64) if zz is None else zz) - lo
         qw = QuantizedWeight(f"uint{bits}", codes, scale.astype(np.float16), zc.astype(np.uint8), G, "quantized")
-    mm = Matmul(M, N, K, A_dtype, qw.wtype, group_size=G if G < K else None, zeros_mode=qw.zeros_mode)
-    return mm, mm.pack(qw)
+    return _typed(dq, 21, shapes, qw, M, A_dtype, out_dtype, G if G < K else None)

@@ -43,9 +43,10 @@ _CUDA_R = {"fp16": 2, "bf16": 14, "fp32": 0}
 _OP_N, _OP_T, _COMPUTE_32F, _GEMM_DEFAULT = 0, 1, 68, -1
 
 
-def gemm_nt_f32(A, W, dtype: str):
+def gemm_nt_f32(A, W, dtype: str, out=None):
     """C[M, N] (fp32) = A[M, K] . W[N, K]^T for fp16 / bf16 operands through cublasGemmEx:
-    tensor cores, fp32 accumulation (CuPy's matmul has no bf16)."""
+    tensor cores, fp32 accumulation (CuPy's matmul has no bf16). CuPy's wrapper runs it on the
+    current stream and refuses stream capture. `out`: a preallocated [M, N] fp32 array."""
     import cupy as cp
     import numpy as np
     from cupy_backends.cuda.libs import cublas
@@ -53,7 +54,7 @@ def gemm_nt_f32(A, W, dtype: str):
     M, K = A.shape
     N = W.shape[0]
     A, W = cp.ascontiguousarray(A), cp.ascontiguousarray(W)
-    C = cp.empty((M, N), cp.float32)
+    C = out if out is not None else cp.empty((M, N), cp.float32)
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     t = _CUDA_R[dtype]
     # row-major C = A W^T is column-major C^T = W^T(op T of W's [K, N] view) x A^T

@@ -37,7 +37,9 @@ class CudaPlanRunner:
         for s in plan.library_steps:
             if isinstance(s.call.node.op, TypedMatMul):  # its constants travel packed, built once
                 mm, packed = typed_gemm(g, s.call.node)
-                self.typed[s.call.node.name] = (mm, mm.to_device(packed))
+                # fp32 models: the kernel reads fp16 activations from a buffer allocated once
+                a16 = cupy.empty((mm.M, mm.K), np.float16) if _is_fp32(g, s.call.node) else None
+                self.typed[s.call.node.name] = (mm, mm.to_device(packed), a16)
                 continue
             for t in s.call.node.inputs:
                 if t in g.constants and t not in self.constants:
@@ -98,13 +100,12 @@ class CudaPlanRunner:
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
 
     def _run_typed(self, node, env) -> None:
-        mm, dev = self.typed[node.name]
-        a, y = env[node.inputs[0]], env[node.outputs[0]]
-        a2 = a.reshape(mm.M, mm.K)
-        if a.dtype == np.float32:  # fp32 models: the typed GEMM takes fp16 activations, cast around it
-            y[...] = mm(a2.astype(np.float16), dev).astype(np.float32).reshape(y.shape)
-        else:  # fp16, or bf16 as uint16 bits: straight into the planned output
-            mm(a2, dev, out=y.reshape(mm.M, mm.N))
+        mm, dev, a16 = self.typed[node.name]
+        a2 = env[node.inputs[0]].reshape(mm.M, mm.K)
+        if a16 is not None:  # fp32 models: activations rounded to fp16, fp32 output written directly
+            a16[...] = a2
+            a2 = a16
+        mm(a2, dev, out=env[node.outputs[0]].reshape(mm.M, mm.N))
 
     def __call__(self, feeds: dict) -> dict:
         import cupy
@@ -137,22 +138,29 @@ class CudaPlanRunner:
         self._stream.synchronize()
 
 
+def _is_fp32(graph, node) -> bool:
+    return np.dtype(graph.tensors[node.inputs[0]].dtype) == np.float32
+
+
 def typed_gemm(graph, node):
-    """(Matmul, PackedWeight) for a TypedMatMul: M = product of A's leading dims; A fp16 / bf16
-    as in the graph, fp16 for fp32 models (the typed GEMMs take half-precision activations)."""
+    """(Matmul, PackedWeight) for a TypedMatMul: M = product of A's leading dims; A and the output
+    fp16 / bf16 as in the graph; fp32 models: fp16 activations (the typed GEMMs take
+    half-precision activations) and fp32 output."""
     from powerfusion.frontend.quantized import source_node
     from powerfusion.ttile.onnx_quant import dequantize_matmul_to_typed, matmul_nbits_to_typed
     a = graph.tensors[node.inputs[0]]
     M = int(np.prod(a.shape[:-1], dtype=np.int64))
     A_dtype = "bf16" if np.dtype(a.dtype).name == "bfloat16" else "fp16"
+    out_dtype = "fp32" if _is_fp32(graph, node) else A_dtype
     onnx_node = source_node(node.op, list(node.inputs))
+    onnx_node.name = node.name   # errors name the graph's node
     consts = {t: np.asarray(graph.constants[t]) for t in node.inputs[1:]}
     if node.op.source == "MatMulNBits":
-        mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype)
+        mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype, out_dtype)
     else:
         import onnx
         matmul = onnx.helper.make_node("MatMul", [node.inputs[0], onnx_node.output[0]], ["Y"])
-        mm, packed = dequantize_matmul_to_typed(onnx_node, matmul, consts, M, A_dtype)
+        mm, packed = dequantize_matmul_to_typed(onnx_node, matmul, consts, M, A_dtype, out_dtype)
     return mm, packed
 
 
