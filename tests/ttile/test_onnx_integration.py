@@ -25,45 +25,7 @@ from powerfusion.frontend.basic import TypedMatMul
 
 ort = pytest.importorskip("onnxruntime")
 
-K, H = 64, 128
-
-
-def mlp_model(dtype=TensorProto.FLOAT, lead=(2, 3)) -> onnx.ModelProto:
-    """x [*lead, 64] -> MatMul 64x128 -> Relu -> MatMul 128x64 -> Add bias."""
-    rng = np.random.default_rng(0)
-    npdt = helper.tensor_dtype_to_np_dtype(dtype)
-    inits = [numpy_helper.from_array((rng.standard_normal((K, H)) * 0.2).astype(npdt), "w1"),
-             numpy_helper.from_array((rng.standard_normal((H, K)) * 0.2).astype(npdt), "w2"),
-             numpy_helper.from_array((rng.standard_normal(K) * 0.1).astype(npdt), "b2")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1/matmul"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["m"], name="fc2/matmul"),
-             helper.make_node("Add", ["m", "b2"], ["y"], name="bias")]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", dtype, [*lead, K])],
-                          [helper.make_tensor_value_info("y", dtype, [*lead, K])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-
-
-def dq_model(signed=True, blocked=False, zero_point=True, dtype=TensorProto.FLOAT, M=4) -> onnx.ModelProto:
-    """DequantizeLinear(int4/uint4 [64, 128] constant) -> MatMul(x, .) -> Relu."""
-    rng = np.random.default_rng(1)
-    npdt = helper.tensor_dtype_to_np_dtype(dtype)
-    lo, hi = (-8, 8) if signed else (0, 16)
-    qdt = TensorProto.INT4 if signed else TensorProto.UINT4
-    sshape = (K // 32, H) if blocked else (H,)
-    inits = [helper.make_tensor("wq", qdt, [K, H], rng.integers(lo, hi, K * H).tolist()),
-             numpy_helper.from_array((rng.random(sshape) * 0.05 + 0.01).astype(npdt), "ws")]
-    ins = ["wq", "ws"]
-    if zero_point:
-        inits.append(helper.make_tensor("wz", qdt, list(sshape), rng.integers(lo, hi, int(np.prod(sshape))).tolist()))
-        ins.append("wz")
-    attrs = dict(axis=0, block_size=32) if blocked else dict(axis=1)
-    nodes = [helper.make_node("DequantizeLinear", ins, ["w"], name="dq", **attrs),
-             helper.make_node("MatMul", ["x", "w"], ["m"], name="proj"),
-             helper.make_node("Relu", ["m"], ["y"], name="relu")]
-    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", dtype, [M, K])],
-                          [helper.make_tensor_value_info("y", dtype, [M, H])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+from .onnx_models import CUDA_BF16_MODELS, CUDA_SESSION_MODELS, H, K, dq_model, mlp_model
 
 
 def ort_run(model, feeds):
@@ -167,36 +129,59 @@ def test_inspect_lists_typed_matmul_as_library_call(capsys, tmp_path):
     assert "TypedMatMul from MatMulNBits" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("model", ["int4_fp16", "uint4_fp32", "dq_blocked"])
-def test_typed_gemm_the_cuda_session_builds_matches_cpu(model):
-    """What CudaPlanRunner launches, evaluated by the typed GEMM's numpy reference (no GPU)."""
+ALL_MODELS = {**CUDA_SESSION_MODELS, **CUDA_BF16_MODELS}
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_SESSION_MODELS))
+def test_cuda_test_models_cpu_match_onnxruntime(name):
+    """The models the GPU tests run (tests/ttile/test_onnx_cuda.py), on the CPU target."""
+    m = CUDA_SESSION_MODELS[name][0]()
+    x = feed(m)
+    y = pf.InferenceSession(m, target="cpu").run(None, x)[0]
+    fp32 = m.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert rel_err(y, ort_run(m, x)) <= (1e-5 if fp32 else 2e-3)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_typed_gemm_the_cuda_session_builds_matches_cpu(name):
+    """What CudaPlanRunner launches (the kernel path it must pick, fp16 activations for fp32
+    models, output in the model's type), evaluated by the typed GEMM's numpy reference (no GPU)."""
     from powerfusion.backends.cuda.session import typed_gemm
-    m = {"int4_fp16": lambda: pf.quantize_weights(mlp_model(TensorProto.FLOAT16), "int4", 32),
-         "uint4_fp32": lambda: pf.quantize_weights(mlp_model(), "uint4", 32),
-         "dq_blocked": lambda: dq_model(signed=False, blocked=True)}[model]()
+    build, kinds = ALL_MODELS[name]
+    m = build()
     sess = pf.InferenceSession(m, target="cpu")
     env = sess.run_all_tensors(feed(m))
+    got = set()
     for call in typed_calls(sess):
         mm, packed = typed_gemm(sess.graph, call.node)
-        a = env[call.node.inputs[0]]
+        got.add(mm.kind)
+        a, y = env[call.node.inputs[0]], env[call.node.outputs[0]]
         assert (mm.M, mm.K, mm.N) == (int(np.prod(a.shape[:-1])), call.node.op.K, call.node.op.N)
-        y = mm.reference(a.astype(np.float16).reshape(mm.M, mm.K), packed)
-        assert rel_err(y, env[call.node.outputs[0]].reshape(mm.M, mm.N)) <= 5e-3
+        assert mm.spec.out_dtype == {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[y.dtype.name]
+        a_in = a.astype(np.float16) if a.dtype == np.float32 else a
+        out = mm.reference(a_in.reshape(mm.M, mm.K), packed)
+        assert out.dtype == y.dtype
+        assert rel_err(out, y.reshape(mm.M, mm.N)) <= (1e-2 if y.dtype.name == "bfloat16" else 5e-3)
+    assert got == kinds
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("model", ["int4_fp16", "uint4_fp32", "int8_fp16_m32", "dq_blocked", "dq_column_fp16"])
-def test_quantized_models_cuda_match_onnxruntime(model):
-    m = {"int4_fp16": lambda: pf.quantize_weights(mlp_model(TensorProto.FLOAT16), "int4", 32),
-         "uint4_fp32": lambda: pf.quantize_weights(mlp_model(), "uint4", 32),
-         "int8_fp16_m32": lambda: pf.quantize_weights(mlp_model(TensorProto.FLOAT16, lead=(4, 8)), "int8", 64),
-         "dq_blocked": lambda: dq_model(signed=False, blocked=True),
-         "dq_column_fp16": lambda: dq_model(signed=True, dtype=TensorProto.FLOAT16, M=1)}[model]()
+def test_block_size_the_kernels_do_not_take_names_the_node():
+    """MatMulNBits block_size 16 runs on the CPU target; the CUDA typed GEMM refuses it by name."""
+    from powerfusion.backends.cuda.session import typed_gemm
+    from powerfusion.errors import NodeError
+    rng = np.random.default_rng(0)
+    n, k, bs = 8, 64, 16
+    nodes = [helper.make_node("MatMulNBits", ["x", "bq", "bs"], ["y"], name="proj/nbits16", domain="com.microsoft",
+                              K=k, N=n, bits=4, block_size=bs)]
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (n, k // bs, bs // 2)).astype(np.uint8), "bq"),
+             numpy_helper.from_array(rng.uniform(0.01, 0.02, n * k // bs).astype(np.float32), "bs")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=10)
+    sess = pf.InferenceSession(m, target="cpu")
     x = feed(m)
-    sess = pf.InferenceSession(m, target="cuda")
-    assert typed_calls(sess)
-    y = sess.run(None, x)[0]
-    ref = ort_run(m, x)
-    assert y.dtype == ref.dtype and y.shape == ref.shape
-    assert rel_err(y, ref) <= 5e-3
-    assert rel_err(sess.run(None, x)[0], ref) <= 5e-3    # a second run reuses the uploaded weights
+    assert rel_err(sess.run(None, x)[0], ort_run(m, x)) <= 1e-5
+    [call] = typed_calls(sess)
+    with pytest.raises(NodeError, match="proj/nbits16.*group_size must be a power of two >= 32"):
+        typed_gemm(sess.graph, call.node)

@@ -153,7 +153,7 @@ def typed_gemm(graph, node):
     A_dtype = "bf16" if np.dtype(a.dtype).name == "bfloat16" else "fp16"
     out_dtype = "fp32" if _is_fp32(graph, node) else A_dtype
     onnx_node = source_node(node.op, list(node.inputs))
-    onnx_node.name = node.name   # errors name the graph's node
+    onnx_node.name = node.origin.node or node.name   # errors name the model's node
     consts = {t: np.asarray(graph.constants[t]) for t in node.inputs[1:]}
     if node.op.source == "MatMulNBits":
         mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype, out_dtype)
