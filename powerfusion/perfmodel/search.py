@@ -3,12 +3,21 @@
     plans     = lower.enumerate_plans(...)           template choice x parameters x merge plan
     merged    = lower_subgraph(plan) for each         (cheap)
     bound     = optimistic estimate of each merged    (interface traffic only, one kernel)
-    for plans in order of bound, while bound < best and fewer than `beam` rewritten:
+    for plans in order of bound, while bound < best and fewer than `beam` rewritten
+                                 and the rewriting time stays within `budget_s`:
         optimised = rewrite.optimise(merged)          (the expensive step)
         drop it if the verifier or the renderer's layout check rejects it
         predicted = predict_seconds(estimate(optimised))
     keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
     if every rewritten plan was rejected: the best feasible merged plan, as lowered (noted)
+
+The time budget: the default choice is always rewritten; an alternative is rewritten only
+while the rewriting CPU time so far plus the slowest rewrite so far fits in `budget_s`. Most
+subgraphs (rewrites of a second or less) never reach it; a large one (rednet_small's
+113-117-op blocks: 4-15 CPU-s per rewrite, mostly composing a 49-way concat) keeps its
+default plan plus what fits, and PlanChoice.note and `unsearched` say how many plans were
+not tried. The cut depends on this machine's speed; a decision cut short is not reused by
+a call without a budget (budget_s=None), which searches again.
 
 Decisions are cached by the subgraph's structural hash (op kinds, arguments, shapes,
 dtypes -- not names), in memory and on disk under `options.current().cache_dir / "plans"`;
@@ -30,6 +39,7 @@ from powerfusion.perfmodel.specs import TargetSpec, get_target
 TOP_K = 8
 REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
 PROGRESS_MIN = 12   # show a progress bar from this many candidates on
+SEARCH_BUDGET_S = 10.0  # CPU seconds of rewriting per subgraph beyond which alternatives are not tried
 
 
 @dataclass(frozen=True)
@@ -58,21 +68,25 @@ class PlanChoice:
     source: str = "search"         # "search" | "memo" | "disk"
     seconds: float = 0.0           # wall time spent choosing
     labels: tuple[str, ...] = field(default=())
-    note: str = ""                 # set when no rewritten plan was feasible and a merged plan runs as lowered
+    note: str = ""                 # set when no rewritten plan was feasible and a merged plan runs as lowered,
+                                   # or when the time budget left plans untried
+    unsearched: int = 0            # plans not rewritten because the time budget ran out
 
 
 def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str = "cuda", *, tune: bool = False,
-                beam: int = 8, progress=None, limit: int = 32, cache: bool = True) -> PlanChoice:
-    """The best plan the model (or, with tune=True, the device) finds for `subgraph`."""
+                beam: int = 8, progress=None, limit: int = 32, cache: bool = True,
+                budget_s: float | None = SEARCH_BUDGET_S) -> PlanChoice:
+    """The best plan the model (or, with tune=True, the device) finds for `subgraph`
+    (among the plans whose rewriting fits in `budget_s` seconds; None: no time limit)."""
     from powerfusion.perfmodel import plancache
     t0 = time.perf_counter()
     t = get_target(target) if isinstance(target, str) else target
     key = plancache.structural_key(subgraph, graph, t)
     if cache:
         hit = plancache.lookup(key, subgraph, graph, t, want_measured=tune)
-        if hit is not None:
+        if hit is not None and not (hit.unsearched and budget_s is None):
             return replace(hit, seconds=time.perf_counter() - t0)
-    choice = _search(subgraph, graph, t, tune=tune, beam=beam, progress=progress, limit=limit)
+    choice = _search(subgraph, graph, t, tune=tune, beam=beam, progress=progress, limit=limit, budget_s=budget_s)
     choice = replace(choice, key=key, seconds=time.perf_counter() - t0)
     if cache:
         plancache.store(key, subgraph, graph, t, choice)
@@ -133,7 +147,7 @@ class _Cand:
 
 
 def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
-            limit: int) -> PlanChoice:
+            limit: int, budget_s: float | None = None) -> PlanChoice:
     from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph
     plans = [None] + enumerate_plans(sub, graph, t, limit=limit)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
@@ -154,6 +168,7 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     # so a run of rejected alternatives cannot leave the subgraph unfused
     order = sorted(range(len(cands)), key=lambda k: (k != 0, cands[k].bound, k))
     best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
+    spent, slowest, unsearched = 0.0, 0.0, 0
     for rank, k in enumerate(order):
         c = cands[k]
         # a rejected rewrite is a rule or renderer limitation, and it tends to hit every plan of
@@ -165,7 +180,15 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
             c.note = "pruned"
             bar.step()
             continue
+        if rewritten and budget_s is not None and spent + slowest > budget_s:
+            unsearched += 1    # one more rewrite would likely overrun the budget
+            c.note = "not tried (time budget)"
+            bar.step()
+            continue
+        t1 = time.process_time()   # CPU time: the budget does not shrink when the machine is busy
         _evaluate(c, t)
+        t1 = time.process_time() - t1
+        spent, slowest = spent + t1, max(slowest, t1)
         rewritten += 1
         if c.note:
             infeasible += 1
@@ -175,9 +198,13 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
         bar.step()
     bar.done()
     valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
+    budget_note = "" if not unsearched else (
+        f"time budget: rewrote {rewritten} of {len(cands)} lowered plans in {spent:.1f} CPU-s (slowest "
+        f"{slowest:.1f} s, budget {budget_s:g} s); {unsearched} not tried, so a better plan may exist; ")
     note = ""
     if not valid:  # every rewritten plan was rejected: run a merged plan as lowered (correct, slower)
-        note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note and c.note != "pruned"})[:2])
+        skipped = ("pruned", "not tried (time budget)")
+        note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note and c.note not in skipped})[:2])
         for c in cands:
             if not feasibility(c.merged, t):
                 c.optimised, c.trace, c.note = c.merged, (), ""
@@ -199,7 +226,8 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     ranked = tuple(RankedPlan(c.labels, c.predicted, measured.get(id(c)), len(c.optimised.kernels()))
                    for c in top)
     return PlanChoice(win.optimised, win.merged, win.trace, win.predicted, measured.get(id(win)), win.estimate,
-                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels, note=note[:600])
+                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels,
+                      note=(budget_note + note)[:700].rstrip("; "), unsearched=unsearched)
 
 
 def _evaluate(c: _Cand, t: TargetSpec) -> None:

@@ -165,7 +165,19 @@ def _compiled(sub, graph, part, target: str, codegen: bool) -> tuple[SubgraphRun
         plan = compile_partition(graph, Partition(graph, part.target, [sub]), target, codegen=codegen)
     except Exception as e:  # noqa: BLE001 -- the default-choice path below shows where it fails
         return None, f"the compile pipeline failed ({_text(e)}); showing the default template choice"
-    return from_plan(plan).runs[0], None
+    run = from_plan(plan).runs[0]
+    note = _search_note(sub, graph, target)
+    return (replace(run, note=note) if note else run), None
+
+
+def _search_note(sub, graph, target: str) -> str | None:
+    """The plan search's note (time budget cut, rewrites rejected): the compile above left
+    its decision in the plan cache, so this is a lookup, not a second search."""
+    try:
+        from powerfusion.perfmodel.search import choose_plan
+        return choose_plan(sub, graph, target).note or None
+    except Exception:  # noqa: BLE001 -- the note is extra; the compiled run is shown anyway
+        return None
 
 
 def from_plan(plan) -> ModelRun:

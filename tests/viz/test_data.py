@@ -211,6 +211,23 @@ def test_a_subgraph_over_its_time_budget_is_shown_as_failed():
     assert ok == viz_data(matmul_relu(), target="cuda")
 
 
+def test_a_search_cut_short_by_its_budget_says_so(monkeypatch, tmp_path):
+    """The plan search's note (here: a zero time budget) reaches the subgraph's data."""
+    from functools import partial
+    from powerfusion import options
+    from powerfusion.perfmodel import plancache, search
+    monkeypatch.setattr(search, "choose_plan", partial(search.choose_plan, budget_s=0))
+    plancache.clear_memo()
+    try:
+        with options.context(cache_dir=tmp_path):
+            data = viz_data(relu_add(), target="cuda")
+    finally:
+        plancache.clear_memo()
+    (sg,) = data["subgraphs"]
+    assert sg["error"] is None and sg["stages"]
+    assert "time budget: rewrote 1 of" in sg["note"] and "not tried" in sg["note"]
+
+
 def test_channel_shuffle_walkthrough():
     """docs/viz.md's walk-through: four kernels (three device syncs) merged; one kernel, each
     element read once and written once, at the end."""

@@ -367,6 +367,7 @@
     if (!n) {
       html("h2", sg ? sg.name : DATA.model, box);
       if (sg && sg.error) html("pre", "failed at " + sg.failed_at + ":\n" + sg.error, box);
+      if (sg && sg.note) html("div", "note: " + sg.note, box, "muted");
       if (sg) {
         html("div", "templates chosen:", box);
         const t = html("table", null, box);
