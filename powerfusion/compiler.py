@@ -132,7 +132,12 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
 def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool, memo: dict) -> KernelStep:
     from powerfusion.gir.lower import _Plan
     names = _Plan(sub, graph, target).names
-    buffers = {b: t for t, b in names.items()}
+    # tensors a view op aliases share one buffer: name it by the subgraph's input or output
+    interface = set(sub.inputs) | set(sub.outputs)
+    buffers = {}
+    for t, b in names.items():
+        if b not in buffers or t in interface:
+            buffers[b] = t
     try:
         from powerfusion.perfmodel.search import choose_plan
     except ImportError:
