@@ -9,10 +9,12 @@ import time
 
 def _sources():
     from powerfusion.ttile.matmul import Matmul
-    from tests.ttile.gpu_cases import gpu_matmuls, path_matmuls, tiling_matmuls
+    from tests.ttile.gpu_cases import gpu_matmuls, path_matmuls, tiling_matmuls, unaligned_matmuls
+    from tests.ttile.onnx_models import session_matmuls
     from benchmarks.ttile import bench
     seen = {}
-    for mm in list(gpu_matmuls()) + list(tiling_matmuls()) + list(path_matmuls()):
+    for mm in (list(gpu_matmuls()) + list(tiling_matmuls()) + list(path_matmuls()) + list(unaligned_matmuls())
+               + list(session_matmuls())):
         seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     if "--bench" in sys.argv:
         quick = "--quick" in sys.argv

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from powerfusion.ttile.codegen import combinations
 from powerfusion.ttile.matmul import Matmul
+from powerfusion.ttile.ttype import get_ttype
 
 GPU_M = (1, 4, 16, 64, 256)
 GPU_N = 96        # not a multiple of rows per block (4 warps x 2 rows x ... ) on purpose
@@ -10,7 +11,11 @@ GPU_K = 1000      # not a multiple of any lane chunk (16..128 elements)
 
 
 def group_for(w: str) -> int | None:
-    return None if w.startswith("mx") else 64
+    """MX types carry their own block; 1-bit words hold 32 elements, so the tensor-core kernel
+    (one group per word of 4 k16 steps: G >= 128) needs 128; else 64 (not a divisor of K)."""
+    if w.startswith("mx"):
+        return None
+    return 128 if get_ttype(w).bits == 1 else 64
 
 
 def gpu_matmuls(K: int = GPU_K):
@@ -43,3 +48,14 @@ def path_matmuls():
             for M, K in ((16, 1000), (40, 520), (64, 256)):
                 yield Matmul(M, 72, K, a, w, out_dtype=out, group_size=64, zeros_mode=zm, with_bias=True,
                              kernel=kernel)
+
+
+UNALIGNED_COMBOS = [("fp16", "int4", None, "fp16"), ("bf16", "uint4", "quantized", "bf16"),
+                    ("int8", "int2", None, "int32"), ("fp16", "nf4", None, "fp32")]
+UNALIGNED_SHAPES = ((1, 999, 32), (3, 777, None), (16, 130, 128))   # (M, K, group); None: per channel
+
+
+def unaligned_matmuls(combo=None):
+    for a, w, zm, out in ([combo] if combo else UNALIGNED_COMBOS):
+        for M, K, g in UNALIGNED_SHAPES:
+            yield Matmul(M, 40, K, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)

@@ -117,3 +117,16 @@ CUDA_BF16_MODELS = {
     "int4_bf16_m5": (lambda: to_bf16(nbits_model("int4", (5,), dtype=F32)), {"gemv"}),
     "uint4_bf16_m48": (lambda: to_bf16(nbits_model("uint4", (48,), dtype=F32, bias=True)), {"mma"}),
 }
+
+
+def session_matmuls():
+    """The typed GEMMs a CUDA session builds for these models (the device precompile step
+    compiles them ahead of the tests)."""
+    import powerfusion as pf
+    from powerfusion.backends.cuda.session import typed_gemm
+    from powerfusion.frontend.basic import TypedMatMul
+    for build, _ in {**CUDA_SESSION_MODELS, **CUDA_BF16_MODELS}.values():
+        sess = pf.InferenceSession(build(), target="cpu")
+        for call in sess.partition.library_calls:
+            if isinstance(call.node.op, TypedMatMul):
+                yield typed_gemm(sess.graph, call.node)[0]

@@ -11,7 +11,8 @@ import pytest
 from powerfusion.ttile.codegen import combinations
 from tests.conftest import gpu_missing_reason
 
-from .gpu_cases import GPU_K, GPU_M, GPU_N, PATH_COMBOS, TILING_COMBOS, TILINGS, group_for
+from .gpu_cases import (GPU_K, GPU_M, GPU_N, PATH_COMBOS, TILING_COMBOS, TILINGS, UNALIGNED_COMBOS, group_for,
+                        unaligned_matmuls)
 
 pytestmark = pytest.mark.gpu
 TOL = {"fp16": 5e-3, "bf16": 3e-2, "int8": 2e-3}
@@ -65,14 +66,10 @@ def test_matches_reference(combo, M):
     check(mm, np.random.default_rng(M))
 
 
-@pytest.mark.parametrize("combo", [("fp16", "int4", None, "fp16"), ("bf16", "uint4", "quantized", "bf16"),
-                                   ("int8", "int2", None, "int32"), ("fp16", "nf4", None, "fp32")])
+@pytest.mark.parametrize("combo", UNALIGNED_COMBOS, ids=lambda c: "-".join(str(x) for x in c))
 def test_unaligned_k_and_per_channel(combo):
-    from powerfusion.ttile.matmul import Matmul
-    a, w, zm, out = combo
-    for M, K, g in ((1, 999, 32), (3, 777, None), (16, 130, 128)):
-        mm = Matmul(M, 40, K, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
-        check(mm, np.random.default_rng(K))
+    for mm in unaligned_matmuls(combo):
+        check(mm, np.random.default_rng(mm.K))
 
 
 @pytest.mark.parametrize("combo", TILING_COMBOS, ids=lambda c: "-".join(str(x) for x in c))

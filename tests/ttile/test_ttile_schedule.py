@@ -74,7 +74,8 @@ def test_schedule_places_convert_by_cost():
     assert [t.kind for t in small.transforms][-1] == "convert"
 
 
-@pytest.mark.parametrize("wtype,layout", [("int4", "pair"), ("int2", "pair"), ("int8", "pair"), ("nf4", "natural")])
+@pytest.mark.parametrize("wtype,layout", [("int4", "pair"), ("int2", "pair"), ("int8", "pair"), ("int1", "pair"),
+                                          ("nf4", "natural"), ("fp8_e4m3", "natural")])
 def test_mma_pack_feeds_the_fragments(wtype, layout):
     """Emulate the tensor-core kernel's reading order on the packed words: for each lane,
     word and k16 step, the two pairs it hands to mma as B must be W[g, k0+2t(+1)] and
