@@ -131,17 +131,24 @@ class PlanStore:
             return
         self.entries = doc["entries"]
 
+    def load(self, key: str):
+        """The precompiled plan under `key`, or None (absent, declined, or unreadable)."""
+        entry = self.entries.get(key)
+        if entry is None or entry["status"] != "compiled":
+            return None
+        try:
+            return pickle.loads(gzip.decompress((self.folder / entry["file"]).read_bytes()))
+        except Exception:  # unreadable (class layout changed): the caller compiles
+            return None
+
     def get(self, name: str, variant: str, model):
         """(plan or None, status, detail, source) with source 'precompiled' or 'compiled here'."""
         entry = self.entries.get(f"{name}/{variant}")
-        if entry is not None:
-            if entry["status"] != "compiled":
-                return None, entry["status"], entry["detail"], "precompiled"
-            try:
-                plan = pickle.loads(gzip.decompress((self.folder / entry["file"]).read_bytes()))
-                return plan, "compiled", "", "precompiled"
-            except Exception:  # unreadable (class layout changed): compile instead
-                pass
+        if entry is not None and entry["status"] != "compiled":
+            return None, entry["status"], entry["detail"], "precompiled"
+        plan = self.load(f"{name}/{variant}")
+        if plan is not None:
+            return plan, "compiled", "", "precompiled"
         return (*compile_classified(name, model), "compiled here")
 
 
@@ -240,11 +247,18 @@ def record(outcome: Outcome, case, source: str, seconds: float, excluded: str | 
         f.write(json.dumps(line) + "\n")
 
 
-def write_summary(note: str) -> None:
-    lines = Path(REPORT + ".lines")
+def write_summary(note: str, report: str | None = None) -> None:
+    report = report or REPORT
+    lines = Path(report + ".lines")
     if not lines.exists():
         return
-    rows = {r["case"]: r for r in map(json.loads, lines.read_text().splitlines())}.values()
+    with open(lines) as f:  # the lock keeps writers in order: the last one has read every line
+        fcntl.flock(f, fcntl.LOCK_EX)
+        rows = {r["case"]: r for r in map(json.loads, f.read().splitlines())}.values()
+        _write_summary(rows, note, report)
+
+
+def _write_summary(rows, note: str, report: str) -> None:
     per_op = collections.defaultdict(collections.Counter)
     for r in rows:
         for op in r["ops"]:
@@ -256,9 +270,9 @@ def write_summary(note: str) -> None:
            "per_op": {op: dict(c) for op, c in sorted(per_op.items())},
            "failures": sorted(({k: r[k] for k in ("case", "status", "detail", "excluded", "bound")}
                                for r in rows if r["status"] in ("wrong", "error")), key=lambda r: r["case"])}
-    tmp = Path(f"{REPORT}.{os.getpid()}.tmp")
+    tmp = Path(f"{report}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(REPORT)
+    tmp.replace(report)
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +298,9 @@ def test_cuda_node_case(name, store):
     if outcome.status in DECLINED:
         pytest.skip(f"declined by the frontend ({outcome.status}): {outcome.detail[:200]}")
     assert not outcome.bug, f"{name}: {outcome.status}: {outcome.detail}"
+
+
+if __name__ == "__main__":  # python3 tests/conformance/test_cuda_conformance.py REPORT.json: summary again
+    import sys
+    write_summary("rewritten from the lines file", sys.argv[1])
+    print(Path(sys.argv[1]).read_text()[:400])
