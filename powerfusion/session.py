@@ -4,10 +4,14 @@
     [y] = sess.run(None, {"x": x})
 
 The model is imported to basic ops and partitioned once, at construction. On the CPU
-target the partition runs step by step: library calls (MatMul, Conv) through numpy
+target every memory-bound subgraph is also lowered to GIR and rewritten then (backends/cpu/session.py),
+and the partition runs step by step: library calls (MatMul, Conv) through numpy
 (TypedMatMul through ttile's MatMulNBits reference / an ONNX DequantizeLinear),
-memory-bound subgraphs through `execute_subgraph` (the one place that decides how a
-subgraph runs on the CPU). Other targets plug in an executor built by their backend.
+memory-bound subgraphs through their rewritten GIR graph on the fast GIR executor
+(gir/fastexec.py) -- or, where a subgraph could not be lowered, through the basic-op
+executor, with a `BasicFallbackWarning` and the reason in `session.fallbacks`.
+`session.subgraph_paths` says which path each subgraph takes. Other targets plug in an
+executor built by their backend.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from powerfusion import options as _options
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.frontend.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
                                         TensorInfo, TypedMatMul)
+from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, compile_cpu_plan  # noqa: F401
 
 # An executor maps feeds (validated, by graph input name) to a dict holding at least
 # every graph output; the CPU one returns every tensor it computed.
@@ -72,8 +77,12 @@ class InferenceSession:
         self.graph: BasicGraph = import_model(model, shapes=shapes)
         self.partition: Partition = partition(self.graph, target=self.target)
         self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
-        self._executor: Executor = (_cuda_executor(self.partition, self.options) if backend == "cuda"
-                                    else lambda feeds: execute_partition(self.partition, feeds, self.profile))
+        self.cpu_plan: CpuPlan | None = None
+        if backend == "cuda":
+            self._executor: Executor = _cuda_executor(self.partition, self.options)
+        else:
+            self.cpu_plan = compile_cpu_plan(self.partition)
+            self._executor = lambda feeds: execute_partition(self.partition, feeds, self.profile, self.cpu_plan)
 
     # ---- onnxruntime API --------------------------------------------------------
 
@@ -98,11 +107,21 @@ class InferenceSession:
 
     # ---- beyond onnxruntime -----------------------------------------------------
 
+    @property
+    def subgraph_paths(self) -> dict[str, str]:
+        """Subgraph name -> "gir" (rewritten GIR on the fast executor) or "basic" (fallback)."""
+        return {} if self.cpu_plan is None else self.cpu_plan.paths
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """Subgraph name -> why it runs on the basic-op executor (empty when every one runs as GIR)."""
+        return {} if self.cpu_plan is None else self.cpu_plan.fallbacks
+
     def run_all_tensors(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor the CPU run computes, by name (for per-subgraph comparison)."""
         if get_target_backend(self.target) != "cpu":
             raise PowerFusionError("run_all_tensors needs the cpu target")
-        return execute_partition(self.partition, self.validate_feeds(input_feed), self.profile)
+        return execute_partition(self.partition, self.validate_feeds(input_feed), self.profile, self.cpu_plan)
 
     def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""
@@ -151,8 +170,9 @@ def _cuda_executor(partition: Partition, opts) -> Executor:
 # ---- the CPU executor -------------------------------------------------------------
 
 def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
-                      profile: list | None = None) -> dict[str, np.ndarray]:
-    """Run every step in order; returns every tensor (constants, feeds, intermediates, outputs)."""
+                      profile: list | None = None, plan: "CpuPlan | None" = None) -> dict[str, np.ndarray]:
+    """Run every step in order; returns every tensor (constants, feeds, intermediates, outputs).
+    Memory-bound subgraphs run as `plan` compiled them; without a plan, on the basic-op executor."""
     graph = partition.graph
     env: dict[str, np.ndarray] = dict(graph.constants)
     env.update(feeds)
@@ -164,6 +184,8 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
             node = step.node
             out = graph.tensors[node.outputs[0]]
             env[out.name] = run_library_op(node.op, [env[i] for i in node.inputs], out.dtype)
+        elif plan is not None:
+            plan.run(step, env, graph)
         else:
             execute_subgraph(step, env, graph)
         if profile is not None:
@@ -173,10 +195,8 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
 
 
 def execute_subgraph(subgraph: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
-    """Run one memory-bound subgraph on the CPU, adding its outputs to `env`.
-
-    This is the seam where GIR execution replaces the basic-op interpreter.
-    """
+    """Run one memory-bound subgraph on the basic-op executor (the fallback where a subgraph
+    cannot be lowered to GIR), adding its outputs to `env`."""
     from powerfusion.frontend.numpy_exec import run_basic_graph
 
     sub = BasicGraph(name=subgraph.name,

@@ -1,0 +1,140 @@
+"""The CPU target's memory-bound subgraphs: rewritten GIR run by the fast GIR executor.
+
+At session creation every memory-bound subgraph gets the plan that the compiler's search
+(perfmodel.search) always rewrites first: the lowering's default template choice, matched for
+fusion, rewritten to a fixpoint and accepted by the same feasibility check (the verifier);
+where the rewrite is rejected, the merged graph runs as lowered, as in the search. The rest
+of the search is not run: it ranks plans by a GPU-style performance model that says nothing
+about this executor, whose cost is the number of gOperators and the elements they touch,
+and enumerating the alternatives would double the lowering time.
+
+The plans are made for `CPU_SESSION_TARGET`: the generic CPU spec (one lane per unit, one
+unit per group, so no lane interleaving and no shared-memory tiles) under its own name, so
+its decisions are cached apart from `powerfusion compile --target cpu`'s full searches --
+in memory by structural key (identical layers are lowered once per process) and on disk
+under the cache directory (later sessions skip lowering).
+
+A subgraph that cannot be lowered runs on the basic-op executor: never silently -- a
+`BasicFallbackWarning` names it and the reason, and `CpuPlan.fallbacks` keeps the reason.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from powerfusion.frontend.basic import BasicGraph, Partition, Subgraph
+from powerfusion.gir.fastexec import FastProgram
+from powerfusion.gir.ir import GIRGraph
+from powerfusion.perfmodel.specs import get_target
+
+CPU_SESSION_TARGET = replace(get_target("cpu"), name="generic-CPU-session")
+
+
+class BasicFallbackWarning(UserWarning):
+    """A memory-bound subgraph runs on the basic-op executor, not as GIR (the message says why)."""
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    """One memory-bound subgraph as the CPU session runs it."""
+    subgraph: Subgraph
+    gir: GIRGraph | None                  # the rewritten graph (None: basic-op fallback)
+    program: FastProgram | None
+    inputs: tuple[tuple[str, str], ...]   # (GIR buffer, model tensor) fed from the environment
+    outputs: tuple[tuple[str, str], ...]  # (GIR buffer, model tensor) stored back
+    fallback: str = ""                    # why the basic-op executor runs it ("" = GIR)
+    note: str = ""                        # the plan choice's note (e.g. rewrites rejected, runs as lowered)
+
+    @property
+    def path(self) -> str:
+        return "basic" if self.gir is None else "gir"
+
+
+@dataclass
+class CpuPlan:
+    kernels: dict[str, CpuKernel]   # by subgraph name
+    seconds: float = 0.0            # spent compiling at session creation
+
+    @property
+    def paths(self) -> dict[str, str]:
+        return {n: k.path for n, k in self.kernels.items()}
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        return {n: k.fallback for n, k in self.kernels.items() if k.fallback}
+
+    def run(self, sub: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
+        k = self.kernels[sub.name]
+        if k.program is None:
+            from powerfusion.session import execute_subgraph
+            execute_subgraph(sub, env, graph)
+            return
+        feeds = {b: env[t] for b, t in k.inputs}
+        shapes = {b: tuple(graph.tensors[t].shape) for b, t in k.outputs}
+        out = k.program.run(feeds, shapes)
+        for b, t in k.outputs:
+            env[t] = out[b]
+
+
+def compile_cpu_plan(partition: Partition) -> CpuPlan:
+    t0 = time.perf_counter()
+    kernels = {s.name: compile_subgraph(s, partition.graph) for s in partition.subgraphs}
+    for k in kernels.values():
+        if k.fallback:
+            warnings.warn(f"subgraph {k.subgraph.name} ({len(k.subgraph.nodes)} basic ops) runs on the basic-op "
+                          f"executor, not as GIR: {k.fallback}", BasicFallbackWarning, stacklevel=3)
+    return CpuPlan(kernels, time.perf_counter() - t0)
+
+
+def compile_subgraph(sub: Subgraph, graph: BasicGraph) -> CpuKernel:
+    """Plan, rewrite and prepare one subgraph; any failure becomes a named fallback."""
+    from powerfusion.gir.lower import _Plan
+    try:
+        names = _Plan(sub, graph, CPU_SESSION_TARGET).names
+        choice = choose_default_plan(sub, graph)
+        gir = choice.graph
+        inputs = tuple((names[t], t) for t in dict.fromkeys(sub.inputs) if t not in graph.constants)
+        outputs = tuple((names[t], t) for t in dict.fromkeys(sub.outputs))
+        if {b for b, _ in inputs} != set(gir.inputs) or [b for b, _ in outputs] != list(gir.outputs):
+            raise RuntimeError(f"GIR interface {gir.inputs} -> {gir.outputs} does not match the subgraph's "
+                               f"tensors {sub.inputs} -> {sub.outputs}")
+        program = FastProgram(gir)
+    except Exception as e:  # a lowering, rewrite or preparation failure: named fallback, never silent
+        return CpuKernel(sub, None, None, (), (), fallback=f"{type(e).__name__}: {e}"[:500])
+    return CpuKernel(sub, gir, program, inputs, outputs, note=choice.note)
+
+
+def choose_default_plan(sub: Subgraph, graph: BasicGraph):
+    """The default plan, rewritten (a search.PlanChoice), cached by structural key like the search's."""
+    from powerfusion.errors import PowerFusionError
+    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.perfmodel import plancache
+    from powerfusion.perfmodel.search import PlanChoice, feasibility
+    from powerfusion.rewrite import optimise
+    t0 = time.perf_counter()
+    t = CPU_SESSION_TARGET
+    key = plancache.structural_key(sub, graph, t)
+    hit = plancache.lookup(key, sub, graph, t)
+    if hit is not None:
+        return hit
+    merged = lower_subgraph(sub, graph, None, t)
+    try:
+        g, trace = optimise(merged)
+        reason = feasibility(g, t)
+    except Exception as e:  # a rule refusing this plan rejects the rewrite, not the subgraph
+        g, trace, reason = merged, [], f"rewrite: {type(e).__name__}: {e}"[:300]
+    note = ""
+    if reason:
+        why = feasibility(merged, t)
+        if why:
+            raise PowerFusionError(f"subgraph {sub.name}: neither the rewritten ({reason}) nor the lowered graph "
+                                   f"({why}) is feasible")
+        g, trace, note = merged, [], f"rewrites rejected: {reason}; runs as lowered"
+    choice = PlanChoice(g, merged, tuple(trace), considered=1, rewritten=1, key=key, source="search",
+                        seconds=time.perf_counter() - t0, labels=tuple(label for _, label in merged.templates),
+                        note=note[:600])
+    plancache.store(key, sub, graph, t, choice)
+    return choice
