@@ -88,6 +88,26 @@ def to_bf16(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def ort_run(model, feeds):
+    """onnxruntime CPU, asked for float activations in MatMulNBits (accuracy level 0)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def rel_err(y, ref) -> float:
+    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def feed(model, seed=2):
+    vi = model.graph.input[0]
+    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    dt = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+    return {vi.name: np.random.default_rng(seed).standard_normal(shape).astype(dt)}
+
+
 def _q(wtype, group, dtype=TensorProto.FLOAT, lead=(2, 3)):
     from powerfusion.ttile.onnx_quant import quantize_weights
     return lambda: quantize_weights(mlp_model(dtype, lead), wtype, group)

@@ -15,8 +15,7 @@ import pytest
 
 import powerfusion as pf
 
-from .onnx_models import CUDA_BF16_MODELS, CUDA_SESSION_MODELS
-from .test_onnx_integration import feed, ort_run, rel_err
+from .onnx_models import CUDA_BF16_MODELS, CUDA_SESSION_MODELS, feed, ort_run, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -40,6 +39,7 @@ def _check_cuda(model, x, ref, kinds, tol):
 
 @pytest.mark.parametrize("name", sorted(CUDA_SESSION_MODELS))
 def test_quantized_model_cuda_matches_onnxruntime(name):
+    pytest.importorskip("onnxruntime")
     build, kinds = CUDA_SESSION_MODELS[name]
     m = build()
     x = feed(m)

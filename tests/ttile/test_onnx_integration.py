@@ -25,25 +25,7 @@ from powerfusion.frontend.basic import TypedMatMul
 
 ort = pytest.importorskip("onnxruntime")
 
-from .onnx_models import CUDA_BF16_MODELS, CUDA_SESSION_MODELS, H, K, dq_model, mlp_model
-
-
-def ort_run(model, feeds):
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-
-
-def rel_err(y, ref) -> float:
-    y, ref = np.asarray(y, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(y - ref).max() / np.abs(ref).max())
-
-
-def feed(model, seed=2):
-    vi = model.graph.input[0]
-    shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-    dt = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-    return {vi.name: np.random.default_rng(seed).standard_normal(shape).astype(dt)}
+from .onnx_models import CUDA_BF16_MODELS, CUDA_SESSION_MODELS, H, K, dq_model, feed, mlp_model, ort_run, rel_err
 
 
 def typed_calls(sess) -> list:
