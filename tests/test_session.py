@@ -15,7 +15,8 @@ from powerfusion import options
 from powerfusion.backend import PowerFusionBackend, cuda_available
 from powerfusion.errors import FeedError, PowerFusionError, UnsupportedOpError
 from powerfusion.frontend.basic import Conv
-from powerfusion.session import InferenceSession, conv_nd, onnx_type_string
+from powerfusion.session import BasicFallbackWarning, InferenceSession, conv_nd, onnx_type_string
+from tests.session_cases import ROOT, SMALL, small_model_names, small_model_session, small_models
 
 # float32 through decomposed Softmax and a numpy matmul: a few ulps of the reference
 RTOL, ATOL = 1e-5, 1e-6
@@ -116,6 +117,68 @@ def test_partition_and_profile(sess):
     assert len(sess.profile) == len(sess.partition.steps)
     tensors = sess.run_all_tensors(feeds())
     assert {t for sg in sess.partition.subgraphs for t in sg.outputs} | {"y", "z", "e"} <= set(tensors)
+
+
+# ---- how the CPU session runs memory-bound subgraphs -------------------------------
+
+def test_cpu_session_runs_every_subgraph_as_rewritten_gir(sess):
+    assert sess.partition.subgraphs
+    assert sess.subgraph_paths == {sg.name: "gir" for sg in sess.partition.subgraphs}
+    assert sess.fallbacks == {}
+    for k in sess.cpu_plan.kernels.values():
+        assert k.program is not None and k.program.graph is k.gir
+        assert all(t in k.subgraph.outputs for _, t in k.outputs)
+
+
+def test_the_basic_op_executor_does_not_run(sess):
+    with mock.patch("powerfusion.frontend.numpy_exec.run_basic_graph",
+                    side_effect=AssertionError("the basic-op executor ran")):
+        got = sess.run(None, feeds())
+    for g, w in zip(got, ReferenceEvaluator(mlp_model()).run(None, feeds())):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_second_session_reuses_the_plans_without_lowering(sess):
+    """Identical subgraphs are lowered once per process (plan decisions memoised by structure)."""
+    with mock.patch("powerfusion.gir.lower.lower_subgraph", side_effect=AssertionError("lowered again")):
+        again = InferenceSession(mlp_model())
+    assert set(again.subgraph_paths.values()) == {"gir"}
+    for name, k in again.cpu_plan.kernels.items():
+        assert k.gir.ops == sess.cpu_plan.kernels[name].gir.ops
+
+
+def test_fallback_to_the_basic_op_executor_is_named_and_warned():
+    from powerfusion.backends.cpu import session as cpu
+    from powerfusion.gir.lower import LowerError
+    from powerfusion.frontend import numpy_exec
+    reason = "no GIR template fits basic op n0 (for this test)"
+    with mock.patch.object(cpu, "choose_default_plan", side_effect=LowerError(reason)):
+        with pytest.warns(BasicFallbackWarning, match="runs on the basic-op executor, not as GIR: LowerError: no GIR"):
+            s = InferenceSession(mlp_model())
+    assert set(s.subgraph_paths.values()) == {"basic"}
+    assert s.fallbacks and all(r == f"LowerError: {reason}" for r in s.fallbacks.values())
+    with mock.patch.object(numpy_exec, "run_basic_graph", wraps=numpy_exec.run_basic_graph) as basic:
+        got = s.run(None, feeds())
+    assert basic.call_count == len(s.partition.subgraphs)
+    for g, w in zip(got, ReferenceEvaluator(mlp_model()).run(None, feeds())):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", small_model_names())
+def test_committed_model_matches_onnxruntime(name):
+    """float32 through the CPU session: max |diff| / max |onnxruntime| < 1e-4 (our reductions and
+    numpy's matmul sum in a different order than onnxruntime), every subgraph as GIR."""
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from models.onnx_tools import run_onnxruntime
+    sess, f = small_model_session(name)
+    assert set(sess.subgraph_paths.values()) == {"gir"}, sess.fallbacks
+    want = run_onnxruntime(onnx.load(SMALL / small_models()[name]["file"]), f)
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, f)))
+    for out, ref in want.items():
+        assert got[out].shape == ref.shape and got[out].dtype == ref.dtype, out
+        err = float(np.max(np.abs(got[out].astype(np.float64) - ref))) / max(float(np.max(np.abs(ref))), 1e-30)
+        assert err < 1e-4, f"{name}.{out}: relative error {err:.2e}"
 
 
 def compute_bound_model() -> onnx.ModelProto:
