@@ -111,6 +111,9 @@ class FastProgram:
         dynamic = _Access(s, None, None, None)
         if loads(s.index) or (s.valid is not None and loads(s.valid)) or len(units) == 0:
             return dynamic
+        if len(units) * s.count > self.chunk_elements:  # analysed chunk by chunk, only as a plain view
+            aff = self._fit_in_chunks(s, units)
+            return dynamic if aff is None else _Access(s, aff, None, None)
         flat, mask, base = self._flat(s, units)   # raises IndexError as the interpreter does
         total = self.rows[s.buffer] * self.sizes[s.buffer]
         if mask is not None and mask.all():
@@ -134,6 +137,24 @@ class FastProgram:
             return dynamic
         self._budget -= cost
         return _Access(s, None, index, mask, base)
+
+    def _fit_in_chunks(self, s: MemorySlice, units: np.ndarray) -> _Affine | None:
+        """An unmasked affine access, checked in chunks of units so memory stays bounded."""
+        step = max(2, self.chunk_elements // max(s.count, 1))
+        first = None
+        for start in range(0, len(units), step):
+            flat, mask, _ = self._flat(s, units[start:start + step])
+            if mask is not None and not mask.all():
+                return None
+            if first is None:
+                first = _fit_affine(flat)
+                if first is None:
+                    return None
+            o, (su, si, sj) = first.offset + start * first.strides[0], first.strides
+            p, i, j = np.ogrid[:flat.shape[0], :flat.shape[1], :flat.shape[2]]
+            if not np.array_equal(flat, o + p * su + i * si + j * sj):
+                return None
+        return _Affine(first.offset, first.strides, _injective(first.strides, (len(units), s.num, s.width)))
 
     def _flat(self, s: MemorySlice, units: np.ndarray, globals_=None):
         """[U, num, width] flat indices (row base + address), the valid mask (None: all valid) and
@@ -167,14 +188,16 @@ class FastProgram:
                     for b in [b for b in covered if b not in self.global_names]:
                         del covered[b]
                 continue
+            unknown = step.dynamic or len(step.units) * max(a.slice.count for a in step.inputs + step.outputs) \
+                > self.chunk_elements   # not analysed: reads need poison, writes cover nothing
             for a in step.inputs:
                 name = a.slice.buffer
                 cov = covered.get(name)
-                if cov is None or a.dynamic or not cov[_touched(a, len(step.units), read=True)].all():
+                if cov is None or unknown or not cov[_touched(a, len(step.units), read=True)].all():
                     needs.add(name)
             for a in step.outputs:
                 name = a.slice.buffer
-                if a.dynamic or name in needs:
+                if unknown or name in needs:
                     continue
                 if name not in covered:
                     covered[name] = np.zeros(self.rows[name] * self.sizes[name], bool)

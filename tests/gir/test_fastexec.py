@@ -224,6 +224,24 @@ def test_inputs_are_not_modified_and_outputs_are_fresh():
     assert "r" not in prog.poisoned  # every register read follows a write: no poison fill needed
 
 
+def test_large_accesses_are_analysed_in_chunks_and_stay_views():
+    """Beyond chunk_elements an access is checked chunk by chunk; an unmasked affine one is
+    still a strided view, anything else is left to the run-time path."""
+    n = 64
+    x, y = Buffer("x", Level.GLOBAL, n, F32), Buffer("y", Level.GLOBAL, n, F32)
+    r = Buffer("r", Level.REGISTER, 4, F32)
+    g = _graph([GOp(Move(), (MemorySlice("x", Level.GLOBAL, U * 4 + J, 1, 4, F32),), (_reg("r", 1, 4),)),
+                GOp(Elementwise("exp"), (_reg("r", 1, 4),), (_reg("r", 1, 4),)),
+                GOp(Move(), (_reg("r", 1, 4),), (MemorySlice("y", Level.GLOBAL, (U % 4) * 16 + (U // 4) * 4 + J,
+                                                                 1, 4, F32),))], [x, y, r], ["x"], ["y"], units=16)
+    prog = FastProgram(g, chunk_elements=9)
+    kinds = [[a.affine is not None for a in st.inputs + st.outputs] for st in prog.steps]
+    assert kinds == [[True, True], [True, True], [True, False]]
+    feed = np.linspace(-1, 1, n, dtype=np.float32)
+    want = run_gir(g, {"x": feed})["y"]
+    np.testing.assert_array_equal(prog.run({"x": feed})["y"], want)
+
+
 # ---- the committed small models: every rewritten subgraph the CPU session runs ------------
 
 @pytest.mark.parametrize("name", small_model_names())
