@@ -45,6 +45,12 @@ class CudaPlanRunner:
                 if t in g.constants and t not in self.constants:
                     self.constants[t] = cupy.asarray(_to_device_layout(np.asarray(g.constants[t])))
         self.tensors = self._plan_tensors(cupy)
+        # GIR buffers hold at least one element: a kernel given an empty tensor gets a
+        # placeholder of its buffer's size instead (allocated here, so graph capture sees none)
+        self.placeholders = {(s.name, b): cupy.zeros(s.gir.buffer(b).size, dtype=device_dtype(s.gir.buffer(b).dtype))
+                             for s in plan.kernel_steps for b, t in s.buffers.items()
+                             if (b in s.gir.inputs or b in s.gir.outputs) and t in self.tensors
+                             and self.tensors[t].size == 0}
         self._cuda_graph = None
         self.use_cuda_graph = cuda_graph
 
@@ -76,7 +82,7 @@ class CudaPlanRunner:
         for s in self.plan.steps:
             if isinstance(s, KernelStep):
                 ex = self.executors[s.name]
-                arrays = {b: env[t].reshape(-1) for b, t in s.buffers.items()
+                arrays = {b: self.placeholders.get((s.name, b), env[t].reshape(-1)) for b, t in s.buffers.items()
                           if (b in s.gir.inputs or b in s.gir.outputs) and t in env}
                 ex(arrays)
                 continue
