@@ -151,7 +151,7 @@ class FastProgram:
                 if first is None:
                     return None
             o, (su, si, sj) = first.offset + start * first.strides[0], first.strides
-            p, i, j = np.ogrid[:flat.shape[0], :flat.shape[1], :flat.shape[2]]
+            p, i, j = _grid(flat.shape)
             if not np.array_equal(flat, o + p * su + i * si + j * sj):
                 return None
         return _Affine(first.offset, first.strides, _injective(first.strides, (len(units), s.num, s.width)))
@@ -257,7 +257,7 @@ def _fit_affine(flat: np.ndarray) -> _Affine | None:
     su = int(flat[1, 0, 0]) - o if U > 1 else 0
     si = int(flat[0, 1, 0]) - o if N > 1 else 0
     sj = int(flat[0, 0, 1]) - o if W > 1 else 0
-    p, i, j = np.ogrid[:U, :N, :W]
+    p, i, j = _grid(flat.shape)
     if not np.array_equal(flat, o + p * su + i * si + j * sj):
         return None
     return _Affine(o, (su, si, sj), _injective((su, si, sj), flat.shape))
@@ -267,7 +267,7 @@ def _touched(a: _Access, count: int, read: bool) -> np.ndarray:
     """Flat indices an access touches (a masked read also reads each unit's element 0)."""
     if a.affine is not None:
         o, (su, si, sj) = a.affine.offset, a.affine.strides
-        p, i, j = np.ogrid[:count, :a.slice.num, :a.slice.width]
+        p, i, j = _grid((count, a.slice.num, a.slice.width))
         index = np.broadcast_to(o + p * su + i * si + j * sj, (count, a.slice.num, a.slice.width))
     else:
         index = a.index
@@ -275,6 +275,13 @@ def _touched(a: _Access, count: int, read: bool) -> np.ndarray:
         return index.reshape(-1)
     out = index[a.mask]
     return np.concatenate([out, a.base.reshape(-1)]) if read else out
+
+
+def _grid(shape):
+    """Open index grids (p, i, j) for a [U, num, width] block (np.ogrid without its overhead)."""
+    U, N, W = shape
+    return (np.arange(U, dtype=np.int64)[:, None, None], np.arange(N, dtype=np.int64)[None, :, None],
+            np.arange(W, dtype=np.int64)[None, None, :])
 
 
 def _injective(strides, shape) -> bool:
@@ -375,7 +382,7 @@ class _Run:
             return
         if a.affine is not None:  # repeated addresses: the last write (row-major order) wins, as in run_gir
             o, (su, si, sj) = a.affine.offset, a.affine.strides
-            p, i, j = np.ogrid[:shape[0], :shape[1], :shape[2]]
+            p, i, j = _grid(shape)
             index = o + p * su + i * si + j * sj
         else:
             index = a.index
