@@ -147,6 +147,18 @@ def test_second_session_reuses_the_plans_without_lowering(sess):
         assert k.gir.ops == sess.cpu_plan.kernels[name].gir.ops
 
 
+def test_structurally_equal_models_keep_their_own_constants():
+    """Plans are cached by structure, which ignores float constants' values: a second model with
+    the same names and shapes but other constants must compute with its own."""
+    for value in (1.0, -3.0):
+        model = mlp_model()
+        b = next(t for t in model.graph.initializer if t.name == "b")
+        b.CopyFrom(numpy_helper.from_array(np.full(8, value, np.float32), "b"))
+        got = InferenceSession(model).run(["y", "z"], feeds())
+        for g, w in zip(got, ReferenceEvaluator(model).run(["y", "z"], feeds())):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
 def test_fallback_to_the_basic_op_executor_is_named_and_warned():
     from powerfusion.backends.cpu import session as cpu
     from powerfusion.gir.lower import LowerError

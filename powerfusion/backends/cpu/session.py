@@ -119,7 +119,7 @@ def choose_default_plan(sub: Subgraph, graph: BasicGraph):
     key = plancache.structural_key(sub, graph, t)
     hit = plancache.lookup(key, sub, graph, t)
     if hit is not None:
-        return hit
+        return replace(hit, graph=_own_constants(hit.graph, sub, graph))
     merged = lower_subgraph(sub, graph, None, t)
     try:
         g, trace = optimise(merged)
@@ -137,4 +137,15 @@ def choose_default_plan(sub: Subgraph, graph: BasicGraph):
                         seconds=time.perf_counter() - t0, labels=tuple(label for _, label in merged.templates),
                         note=note[:600])
     plancache.store(key, sub, graph, t, choice)
-    return choice
+    return replace(choice, graph=_own_constants(choice.graph, sub, graph))
+
+
+def _own_constants(g: GIRGraph, sub: Subgraph, graph: BasicGraph) -> GIRGraph:
+    """`g` holding this subgraph's constant values. Plan and rewrite caches key on structure,
+    not on float constants' values, so a cached graph may carry another subgraph's."""
+    from powerfusion.gir.lower import _Plan
+    names = _Plan(sub, graph, CPU_SESSION_TARGET).names
+    mine = {names[t]: np.asarray(graph.constants[t]) for t in dict.fromkeys(sub.inputs) if t in graph.constants}
+    if set(mine) != {n for n, _ in g.constants}:
+        raise RuntimeError(f"cached plan's constants {[n for n, _ in g.constants]} are not the subgraph's {sorted(mine)}")
+    return replace(g, constants=tuple((n, mine[n]) for n, _ in g.constants))
