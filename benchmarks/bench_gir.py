@@ -161,17 +161,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--only", default=None, help="substring filter on case names")
+    ap.add_argument("--dtypes", nargs="+", default=None, help="only cases of these dtypes")
     ap.add_argument("--plans", default=None, help="folder of precompiled plans (precompile.py)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     copy_bw, l2 = copy_bandwidth(), l2_bytes()
     cases = []
-    if "norms" in args.suite:
-        cases += gir_cases.norm_cases()
-    if "subgraphs" in args.suite:
-        cases += gir_cases.subgraph_cases()
+    for suite in args.suite:   # in the order given
+        cases += gir_cases.norm_cases() if suite == "norms" else gir_cases.subgraph_cases() if suite == "subgraphs" else []
     if args.only:
         cases = [c for c in cases if args.only in c.name]
+    if args.dtypes:
+        cases = [c for c in cases if c.dtype in args.dtypes]
     rows = []
     for case in cases:
         if time.perf_counter() - start > args.budget_s:

@@ -110,6 +110,9 @@ def _accesses(g: GIRGraph, buffer: str, write: bool):
     return out
 
 
+HUGE_TILE = 1 << 16   # elements per unit
+
+
 def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int = 8) -> bool:
     """Every element of `buffer` the consumer reads is read by the unit and lane that wrote it.
     A heuristic for the choice, so it looks at a sample of units only: the first and last
@@ -124,6 +127,8 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
     if all(w.pattern() == r.pattern() and np.array_equal(wu, ru) for w, wu in ws for r, ru in rs):
         return True
     biggest = max(x.count for x, _ in ws + rs)
+    if biggest > HUGE_TILE:
+        return False   # a tile this large spills whatever lines up; not worth an expensive check
     readers = _sample_units([ru for _, ru in rs], max(4, min(sample, (1 << 17) // max(biggest, 1))))
     lanes = gp.parallel.lanes
     if len(ws) == 1 and len(rs) == 1:
@@ -319,11 +324,16 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
     add(_best_descent(plan))
     for f in _families(plan):
         add(_descend(plan, family=f))
-    for n in plan.nodes:
-        for c in plan.candidates(n):
+    # alternatives round-robin over the ops (every op's second candidate before any op's
+    # third), so a late op's alternatives are reached within the limit too
+    lists = [(n, plan.candidates(n)) for n in plan.nodes]
+    for rank in range(max((len(cs) for _, cs in lists), default=0)):
+        for n, cs in lists:
+            if rank >= len(cs):
+                continue
             if len(plans) >= limit:
                 return plans
-            add(_descend(plan, {n.name: c}, sweeps=1))
+            add(_descend(plan, {n.name: cs[rank]}, sweeps=1))
     return plans[:limit]
 
 

@@ -243,13 +243,29 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
 def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     """No element written twice by this slice (keyed by owner group/unit below GLOBAL).
     Beyond SAMPLE_CAP elements the check covers a fixed sample of units (see `_sampled`)."""
+    w_units = np.asarray(w_units, np.int64)
+    if buffers is not None and (loads(w.index) or (w.valid is not None and loads(w.valid))):
+        return _injective_on(w, w_units, parallel, buffers)
+    key = (w, parallel, len(w_units), int(w_units[0]) if len(w_units) else -1,
+           int(w_units[-1]) if len(w_units) else -1, hash(w_units.tobytes()) if len(w_units) < 4096 else 0)
+    if key not in _INJECTIVE:
+        if len(_INJECTIVE) > 4096:
+            _INJECTIVE.clear()
+        _INJECTIVE[key] = _injective_on(w, w_units, parallel, None)
+    return _INJECTIVE[key]
+
+
+_INJECTIVE: dict = {}   # (slice, parallel, units) -> bool: the same writer is asked about by many readers
+
+
+def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     w_units = _sampled(w_units, w.count)
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
     owner = u // parallel.units_per_group if w.level.name == "SHARED" else u if w.level.name == "REGISTER" else 0
-    vals = (addr + owner * (int(addr.max(initial=0)) + 1))[m]
-    return np.unique(vals).size == vals.size
+    vals = np.sort((addr + owner * (int(addr.max(initial=0)) + 1))[m], kind="stable")
+    return not bool(np.any(vals[1:] == vals[:-1]))
 
 
 _NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}
@@ -312,8 +328,8 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo))
     rows = np.arange(target.size)
-    if target.size > 512:   # solve on a sample, check on every element below
-        rows = np.random.default_rng(0).choice(target.size, 512, replace=False)
+    if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
+        rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
     A = np.stack([np.ones(rows.size)] + [d[4][rows].astype(np.float64) for d in digits], axis=1)
     coef = np.rint(np.linalg.lstsq(A, target[rows].astype(np.float64), rcond=None)[0]).astype(np.int64)
     got = np.full(target.shape, coef[0], np.int64)

@@ -16,7 +16,7 @@ from functools import partial
 
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import Expr, I, J, U
-from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
+from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           in_range, prod, reg_dtype)
 from powerfusion.templates.maps import Source, load
@@ -26,6 +26,21 @@ from powerfusion.templates.maps import Source, load
 class DotParams:
     style: str    # dot | cols
     vec: int = 1
+    split: int = 1  # cols: units per output block, each summing a contiguous chunk of the reduction
+
+
+def _splits(Kn: int) -> list[int]:
+    """Split-K factors for a long reduction (decode attention's probs @ V over the KV cache):
+    chunks of about 16 and 64 rows, so a unit's registers stay small and enough units run."""
+    if Kn < 512:
+        return []
+    return sorted({-(-Kn // 16), -(-Kn // 64)})
+
+
+def _vecs(vmax: int, lanes: int, extent: int) -> list[int]:
+    """The widest vector whose lanes x vec fits `extent` (no idle lanes), and scalar."""
+    fit = [v for v in (8, 4, 2, 1) if v <= vmax and (lanes * v <= extent or v == 1)]
+    return list(dict.fromkeys((fit[0], 1)))
 
 
 @dataclass(frozen=True)
@@ -42,11 +57,19 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     size = max(ctx.tensors[t].dtype.itemsize for t in list(ctx.node.inputs) + list(ctx.node.outputs))
     vmax = max(v for v in (8, 4, 2, 1) if v * size <= 16)
     out = []
-    for style in ("dot", "cols"):
-        for v in dict.fromkeys((vmax, 1)):
-            c = Candidate(f"{name}.{style}", DotParams(style, v), ctx, partial(_build, prod_fn, f"{name}.{style}"))
-            if builds(c):
-                out.append(c)
+    pr = prod_fn(ctx)
+    Kn = prod(pr.space[pr.n_out:])
+    L = pr.space[pr.n_out - 1] if pr.n_out else 1
+    dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L)
+    points = [DotParams("dot", v) for v in dot_v] + [DotParams("cols", v) for v in col_v]
+    splits = _splits(Kn)
+    if splits and Kn > 2048:   # unsplit cols would hold the whole reduction per lane: split only
+        points = [q for q in points if q.style != "cols"]
+    points += [DotParams("cols", v, s) for s in splits for v in col_v]
+    for p in points:
+        c = Candidate(f"{name}.{p.style}", p, ctx, partial(_build, prod_fn, f"{name}.{p.style}"))
+        if builds(c):
+            out.append(c)
     return out
 
 
@@ -70,11 +93,15 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
         if L == 1:
             raise Infeasible("cols needs a last output dim > 1")
         nch = -(-L // W)
-        lane = (U % nch) * W + J
-        num = Kn
-        pieces = [(U // nch, out_dims[:-1]), (lane, out_dims[-1:]), (I, red_dims)]
-        tail = out_tail = lane.lt(L) if L % W else None
-        units, out_index, out_w = prod(shape[:n_out - 1]) * nch, (U // nch) * L + lane, W
+        S = p.split
+        ub = U // S if S > 1 else U             # the output block this unit sums for
+        lane = (ub % nch) * W + J
+        num = -(-Kn // S)
+        k = (U % S) * num + I if S > 1 else I   # this unit's chunk of the reduction
+        pieces = [(ub // nch, out_dims[:-1]), (lane, out_dims[-1:]), (k, red_dims)]
+        out_tail = lane.lt(L) if L % W else None
+        tail = and_(out_tail, k.lt(Kn) if num * S != Kn else None)
+        units, out_index, out_w = prod(shape[:n_out - 1]) * nch * S, (ub // nch) * L + lane, W
     ra = load(em, pr.a, pieces, shape, num, W, p.vec, tail, "a")
     rb = load(em, pr.b, pieces, shape, num, W, p.vec, tail, "b")
     prod_r = em.reg("prod", num, W, acc, p.vec)
@@ -88,14 +115,38 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
         s = em.reg("sum", 1, 1, acc)
         em.op(Reduce("sum", "width"), [seen], [s])
         seen = s
+    if p.style == "cols" and p.split > 1:
+        # partials [split, outputs] in a GLOBAL scratch, a DEVICE sync, then one unit per
+        # output block sums its `split` partials (coalesced: W outputs per row of partials)
+        S, n_total = p.split, prod(shape[:n_out])
+        scratch = em.local("partials", Level.GLOBAL, S * n_total, acc)
+        gw = MemorySlice(scratch, Level.GLOBAL, (U % S) * n_total + out_index, 1, W, acc, p.vec, out_tail)
+        em.op(Move(), [seen], [gw])
+        fin_units = prod(shape[:n_out - 1]) * nch
+        fin_index = (U // nch) * L + (U % nch) * W + J
+        fin_tail = ((U % nch) * W + J).lt(L) if L % W else None
+        gr = MemorySlice(scratch, Level.GLOBAL, I * n_total + fin_index, S, W, acc, p.vec, fin_tail)
+        em.op(Sync(Scope.DEVICE), [gw], [gr])
+        fin = U.lt(fin_units)
+        q = em.reg("q", S, W, acc, p.vec)
+        em.op(Move(), [gr], [q], fin)
+        part2 = em.reg("fin_part", 1, W, acc, p.vec)
+        em.op(Reduce("sum", "num"), [MemorySlice.strided(q.buffer, Level.REGISTER, 0, S, W, W, acc, p.vec, fin_tail)],
+              [part2], fin)
+        seen, out_index, out_tail = part2, fin_index, fin_tail
+        pieces = [(U // nch, out_dims[:-1]), ((U % nch) * W + J, out_dims[-1:])]
+        guard = fin
+    else:
+        guard = None
     if pr.bias is not None:
         bias_pieces = [(U, out_dims)] if p.style == "dot" else pieces[:2]
-        rbias = load(em, pr.bias, bias_pieces, shape[:n_out], 1, out_w, p.vec if out_w > 1 else 1, out_tail, "bias")
+        rbias = load(em, pr.bias, bias_pieces, shape[:n_out], 1, out_w, p.vec if out_w > 1 else 1, out_tail, "bias",
+                     guard)
         tot = em.reg("out", 1, out_w, acc, p.vec if out_w > 1 else 1)
-        em.op(Elementwise("add"), [seen, rbias], [tot])
+        em.op(Elementwise("add"), [seen, rbias], [tot], guard)
         seen = tot
     vec = p.vec if out_w > 1 else 1
-    em.op(Move(), [seen], [em.gslice(y, out_index, 1, out_w, vec, out_tail)])
+    em.op(Move(), [seen], [em.gslice(y, out_index, 1, out_w, vec, out_tail)], guard)
     return em.graph(Parallel(max(units, 1), ctx.upg, ctx.lanes), template)
 
 
