@@ -29,12 +29,16 @@ class DotParams:
     split: int = 1  # cols: units per output block, each summing a contiguous chunk of the reduction
 
 
+MAX_SPLIT = 512
+
+
 def _splits(Kn: int) -> list[int]:
     """Split-K factors for a long reduction (decode attention's probs @ V over the KV cache):
-    chunks of about 16 and 64 rows, so a unit's registers stay small and enough units run."""
+    chunks of about 32 and 128 rows, so a unit's registers stay small and enough units run; at
+    most MAX_SPLIT partials per output (the finisher holds them all in registers)."""
     if Kn < 512:
         return []
-    return sorted({-(-Kn // 16), -(-Kn // 64)})
+    return sorted({min(MAX_SPLIT, -(-Kn // rows)) for rows in (32, 128)})
 
 
 def _vecs(vmax: int, lanes: int, extent: int) -> list[int]:
