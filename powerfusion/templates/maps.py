@@ -18,7 +18,7 @@ from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, 
                                           cyclic_tiling, prod, reg_dtype, rows_tiling, view_index)
 
 
-LONG_ROW = 4096   # elements: rows from this long are also offered split over a group's units
+LONG_ROW = 1024   # elements: rows from this long are also offered split over a group's units
 
 
 @dataclass(frozen=True)
