@@ -13,7 +13,7 @@ git rev-parse HEAD >> "$OUT/device.txt" 2>/dev/null
 timeout "${PRECOMPILE_S:-150}" python3 benchmarks/precompile.py --out "$PLANS" --suites $SUITES --skip-existing \
     --jobs "${JOBS:-12}" --timeout-s "${COMPILE_TIMEOUT_S:-140}" > "$OUT/precompile.log" 2>&1 &
 PRE=$!
-timeout "${WARM_S:-150}" python3 benchmarks/warm_torch_compile.py --suites $SUITES --jobs "${WARM_JOBS:-4}" \
+timeout "${WARM_S:-150}" python3 benchmarks/warm_torch_compile.py --suites $SUITES --jobs "${WARM_JOBS:-4}" ${WARM_ARGS:-} \
     > "$OUT/warm.log" 2>&1
 wait $PRE
 cp "$PLANS/compile.json" "$OUT/compile.json" 2>/dev/null

@@ -19,23 +19,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 BIG = 4 << 30   # bytes: cases this large are warmed one at a time (by worker 0), to bound GPU memory
 
 
-def _cases(suites):
+def _cases(suites, dtypes=None):
     import gir_cases
-    return (gir_cases.norm_cases() if "norms" in suites else []) + \
+    cases = (gir_cases.norm_cases() if "norms" in suites else []) + \
         (gir_cases.subgraph_cases() if "subgraphs" in suites else [])
+    return [c for c in cases if not dtypes or c.dtype in dtypes]
 
 
 def _warm(args) -> str:
-    suites, k, jobs = args
+    suites, k, jobs, dtypes = args
     import torch
     from baselines import torch_impls
     from bench_gir import make_inputs
     done = []
-    small = [c for c in _cases(suites) if c.bytes <= BIG]
-    mine = [c for c in _cases(suites) if c.bytes > BIG] if k == 0 else \
+    small = [c for c in _cases(suites, dtypes) if c.bytes <= BIG]
+    mine = [c for c in _cases(suites, dtypes) if c.bytes > BIG] if k == 0 else \
         [c for n, c in enumerate(small) if n % max(1, jobs - 1) == k - 1]
     if jobs == 1:
-        mine = _cases(suites)
+        mine = _cases(suites, dtypes)
     for case in mine:
         t0 = time.perf_counter()
         try:
@@ -53,10 +54,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suites", nargs="+", default=["norms", "subgraphs"])
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--dtypes", nargs="+", default=None)
     args = ap.parse_args(argv)
     t0 = time.time()
     with mp.get_context("spawn").Pool(args.jobs) as pool:
-        for out in pool.imap_unordered(_warm, [(args.suites, k, args.jobs) for k in range(args.jobs)]):
+        for out in pool.imap_unordered(_warm, [(args.suites, k, args.jobs, args.dtypes) for k in range(args.jobs)]):
             print(out, flush=True)
     print(f"warmed in {time.time() - t0:.0f} s")
     return 0
