@@ -40,10 +40,11 @@ def bench_torch(case: str, dtype: str, shape: tuple, impls: dict[str, Callable],
         torch.cuda.synchronize()
         first_call_s = time.perf_counter() - t0
         compiled_graphs = _graphs_compiled() - graphs_before
+        outs = [o.float() for o in (out if isinstance(out, (tuple, list)) else (out,))]
         if reference is None:
-            reference, diff = out.float(), 0.0
+            reference, diff = outs, 0.0
         else:
-            diff = float((out.float() - reference).abs().max())
+            diff = max(float((o - r).abs().max()) for o, r in zip(outs, reference))
         del out
         timing = time_torch(fn, sets)
         rows.append({"case": case, "dtype": dtype, "shape": list(shape), "impl": impl,
