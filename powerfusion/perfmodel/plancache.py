@@ -140,8 +140,12 @@ def rebind(choice, old: _Names, sub: Subgraph, graph: BasicGraph, t: TargetSpec)
     new = _names(sub, graph, t)
     if len(new.tensors) != len(old.tensors) or len(new.stems) != len(old.stems):
         return None
-    if new == old and choice.graph.constants:
-        return choice
+    if new == old:
+        # same names, but the constants' values may differ (Elu alpha 1 vs 2 share a structure):
+        # always bind this subgraph's own values
+        consts = tuple((n, graph.constants[x]) for x, n in _constant_names(sub, graph, t))
+        return replace(choice, graph=replace(choice.graph, constants=consts),
+                       merged=replace(choice.merged, constants=consts))
     mapping: dict[str, str] = {}
     for a, b in zip(old.tensors, new.tensors):
         if mapping.setdefault(a, b) != b:

@@ -76,10 +76,10 @@ class CudaPlanRunner:
             views[t] = self.arena[off:off + info.size * dt.itemsize].view(dt).reshape(info.shape)
         return views
 
-    def _run_steps(self) -> None:
+    def _run_steps(self, steps=None) -> None:
         from powerfusion.backends.cuda import library
         env = self.tensors
-        for s in self.plan.steps:
+        for s in self.plan.steps if steps is None else steps:
             if isinstance(s, KernelStep):
                 ex = self.executors[s.name]
                 arrays = {b: self.placeholders.get((s.name, b), env[t].reshape(-1)) for b, t in s.buffers.items()
@@ -104,6 +104,13 @@ class CudaPlanRunner:
             else:
                 raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
+
+    def _captures(self, s) -> bool:
+        """Can this step be captured in a CUDA graph? (not when it calls cuBLAS through CuPy)"""
+        if isinstance(s, KernelStep):
+            return True
+        node = s.call.node
+        return isinstance(node.op, TypedMatMul) and self.typed[node.name][0].fused
 
     def _run_typed(self, node, env) -> None:
         mm, dev, a16 = self.typed[node.name]
@@ -131,17 +138,43 @@ class CudaPlanRunner:
         return out
 
     def _replay(self) -> None:
+        """Replay the run as CUDA graphs. CuPy cannot call cuBLAS during stream capture, so
+        the steps are captured piecewise: each run of our own kernels (GIR kernels, typed
+        GEMMs) is one graph; cuBLAS MatMul / Conv library calls run eagerly in between.
+        Everything is issued on the current stream, after the inputs' copies."""
         import cupy
         if self._cuda_graph is None:
             self._run_steps()  # warm-up: the memory pool holds every block the run needs
-            stream = cupy.cuda.Stream(non_blocking=True)
-            with stream:
-                stream.begin_capture()
-                self._run_steps()
-                self._cuda_graph = stream.end_capture()
-            self._stream = stream
-        self._cuda_graph.launch(self._stream)
-        self._stream.synchronize()
+            capture = cupy.cuda.Stream(non_blocking=True)
+            pieces = []
+            for eager, steps in _segments(self.plan.steps, self._captures):
+                if eager:
+                    pieces.append(("eager", steps))
+                    continue
+                with capture:
+                    capture.begin_capture()
+                    self._run_steps(steps)
+                    pieces.append(("graph", capture.end_capture()))
+            self._cuda_graph = pieces
+        stream = cupy.cuda.get_current_stream()
+        for kind, piece in self._cuda_graph:
+            if kind == "graph":
+                piece.launch(stream)
+            else:
+                self._run_steps(piece)
+        stream.synchronize()
+
+
+def _segments(steps, capturable) -> list[tuple[bool, list]]:
+    """(eager, steps) runs: steps `capturable` refuses (cuBLAS calls) are eager."""
+    out: list[tuple[bool, list]] = []
+    for s in steps:
+        eager = not capturable(s)
+        if out and out[-1][0] == eager:
+            out[-1][1].append(s)
+        else:
+            out.append((eager, [s]))
+    return out
 
 
 def _is_fp32(graph, node) -> bool:
