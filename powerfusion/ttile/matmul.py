@@ -202,11 +202,11 @@ class Matmul:
         grid, block = self.launch_config()
         if self.fused:
             out = out if out is not None else cp.empty((self.M, self.N), odt)
-            self._kernel()(grid, block, (A, words, _or(scale, null), _or(zeros, null), _or(bias, null), out))
+            self._kernel()(grid, block, (A, words, _or(scale, null), _or(zeros, null), _or(bias, null), out), stream=cp.cuda.get_current_stream())
             return out
         bf16 = s.A_dtype == "bf16"
         wdeq = self._buffer("wdeq", (self.N, self.K), cp.uint16 if bf16 else cp.float16)
-        self._kernel()(grid, block, (words, _or(scale, null), _or(zeros, null), wdeq))
+        self._kernel()(grid, block, (words, _or(scale, null), _or(zeros, null), wdeq), stream=cp.cuda.get_current_stream())
         from .runtime import bf16_bits_to_f32, f32_to_bf16_bits, gemm_nt_f32
         res = gemm_nt_f32(A.view(cp.uint16) if bf16 else A, wdeq, s.A_dtype,
                           out=self._buffer("res", (self.M, self.N), cp.float32))   # tensor cores, fp32 out

@@ -76,6 +76,9 @@ class CompiledKernel:
     def launch(self, grid, block, args, shared_mem: int = 0, stream=None) -> None:
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
         block = tuple(block) if isinstance(block, (tuple, list)) else (int(block),)
+        if stream is None:  # cupy.cuda.Function launches on the null stream unless told: use the current one
+            import cupy
+            stream = cupy.cuda.get_current_stream()
         self.function(grid, block, tuple(args), shared_mem=shared_mem, stream=stream)
 
 
