@@ -16,6 +16,22 @@ from powerfusion.gir.interpreter import np_dtype
 
 _IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-INFINITY)", "min": "(INFINITY)"}
 _COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+# integer and bool reductions accumulate exactly in 64-bit integers (a float accumulator
+# rounds sums above 2^24 and turns an empty max's -inf into true)
+_INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
+_INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({b}) ? ({a}) : ({b}))",
+                "min": "(({a}) < ({b}) ? ({a}) : ({b}))"}
+
+
+def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
+    """(C type, identity, combine template) of a reduction's accumulator for `dtype`."""
+    import numpy as np
+    kind = "f" if dtype == "bfloat16" else np.dtype(dtype).kind
+    if kind in "iub":
+        return "long long", _INT_IDENTITY[fn], _INT_COMBINE[fn]
+    if dtype == "float64":
+        return "double", _IDENTITY[fn].replace("0f", "0"), _COMBINE[fn].replace("fmaxf", "fmax").replace("fminf", "fmin")
+    return "float", _IDENTITY[fn], _COMBINE[fn]
 
 
 @dataclass(frozen=True)
@@ -225,7 +241,7 @@ class KernelLowering:
     def _reduce(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
         fn = op.args.fn
-        comb = _COMBINE[fn]
+        acct, ident, comb = _accumulator(self.dtype(dst), fn)
         lay = self.reg[src.buffer]
         L = self.r.lanes
         sv = self._valid(src)
@@ -235,7 +251,7 @@ class KernelLowering:
             per = src.width // (L * lay.vec)
             take = comb.format(a="acc", b=self.ref(src, "slot"))
             upd = f"if ({sv}) acc = {take};" if sv else f"acc = {take};"
-            lines = ["#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) {{", f"  float acc = {_IDENTITY[fn]};",
+            lines = ["#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) {{", f"  {acct} acc = {ident};",
                      "  #pragma unroll", f"  for (int c = 0; c < {per}; ++c)", "  #pragma unroll",
                      f"  for (int v = 0; v < {lay.vec}; ++v) {{ const int j = (c * {L} + lane) * {lay.vec} + v; "
                      f"const int slot = i * {src.width // L} + c * {lay.vec} + v; {upd} }}"]
@@ -248,7 +264,7 @@ class KernelLowering:
         # over num: each lane combines its own slots down the segments
         if lay.replicated:
             inner = [f"acc = {comb.format(a='acc', b=self.ref(src, 'i'))};"]
-            return [f"{{ float acc = {_IDENTITY[fn]};", "#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) "
+            return [f"{{ {acct} acc = {ident};", "#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) "
                     + (f"{{ const int j = 0; if ({sv}) {inner[0]} }}" if sv else inner[0]),
                     f"{self.ref(dst, '0')} = acc; }}"]
         per = src.width // L
@@ -256,7 +272,7 @@ class KernelLowering:
         if sv:
             body = (f"{{ const int j = ((s / {lay.vec}) * {L} + lane) * {lay.vec} + s % {lay.vec}; "
                     f"if ({sv}) {body} }}")
-        return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ float acc = {_IDENTITY[fn]};",
+        return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ {acct} acc = {ident};",
                 "  #pragma unroll", f"  for (int i = 0; i < {src.num}; ++i) {body}",
                 f"  {self.ref(dst, 's')} = acc; }}"]
 

@@ -123,7 +123,9 @@ def _exec_reduce(st: _State, op: GOp, units):
     cd = compute_dtype(vals.dtype)
     v = vals.astype(cd).reshape(len(units), src.num, src.width)
     ident = _IDENTITY[op.args.fn]
-    if cd.kind != "f":
+    if cd.kind == "b":
+        ident = {"sum": False, "prod": True, "max": False, "min": True}[op.args.fn]
+    elif cd.kind != "f":
         ident = {"sum": 0, "prod": 1, "max": np.iinfo(cd).min, "min": np.iinfo(cd).max}[op.args.fn]
     v = np.where(m.reshape(v.shape), v, np.asarray(ident).astype(cd))
     axis = 2 if op.args.over == "width" else 1

@@ -1,0 +1,25 @@
+"""Integer and bool reductions accumulate in 64-bit integers in emitted C (a float
+accumulator rounds int sums above 2^24 and turns an empty max's -inf into true)."""
+import pytest
+from onnx import TensorProto, helper
+
+from powerfusion.compiler import compile_model
+
+
+def _reduce(op, dtype):
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    n = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
+    g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", dtype, [64, 300])],
+                          [helper.make_tensor_value_info("y", dtype, [64])], [axes])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("op,dtype", [("ReduceSum", TensorProto.INT64), ("ReduceMax", TensorProto.INT32),
+                                      ("ReduceSum", TensorProto.FLOAT)])
+def test_accumulator_type_follows_the_result(op, dtype):
+    plan = compile_model(_reduce(op, dtype), "cuda")
+    src = "\n".join(k.source for s in plan.kernel_steps for k in s.kernels)
+    if dtype == TensorProto.FLOAT:
+        assert "float acc" in src and "long long acc" not in src
+    else:
+        assert "long long acc" in src and "float acc" not in src
