@@ -138,8 +138,11 @@ def _attempt(case, model, inputs, expected, bound) -> Outcome:
     return Outcome(name, "wrong" if problem else "passed", problem or "", bound)
 
 
-def compare_outputs(got: list, expected: list, rtol: float, atol: float) -> str | None:
-    """None when equal within tolerance (as onnx's backend runner checks); else what differs."""
+def compare_outputs(got: list, expected: list, rtol: float, atol: float,
+                    floors: dict | None = None) -> str | None:
+    """None when equal within tolerance (as onnx's backend runner checks); else what differs.
+    `floors` (dtype name -> (rtol, atol)): per-dtype minimum tolerances; dtypes it does not
+    name are then compared exactly."""
     if len(got) != len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for k, (g, e) in enumerate(zip(got, expected)):
@@ -150,12 +153,18 @@ def compare_outputs(got: list, expected: list, rtol: float, atol: float) -> str 
             if not np.array_equal(g, e):
                 return f"output {k}: strings differ"
             continue
+        if floors is not None:
+            if e.dtype.name not in floors:
+                if not np.array_equal(g, e):
+                    return f"output {k} ({e.dtype}, exact): {int(np.sum(g != e))} of {e.size} elements differ"
+                continue
+            rtol, atol = max(floors[e.dtype.name][0], rtol), max(floors[e.dtype.name][1], atol)
         try:
             np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol,
                                        equal_nan=True)
         except AssertionError as err:
             lines = [s.strip() for s in str(err).splitlines() if s.strip().startswith(("Mismatched", "Max"))]
-            return f"output {k} ({e.dtype}, rtol {rtol}, atol {atol}): " + "; ".join(lines)
+            return f"output {k} ({e.dtype}, rtol {rtol:g}, atol {atol:g}): " + "; ".join(lines)
     return None
 
 

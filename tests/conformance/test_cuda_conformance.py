@@ -44,7 +44,8 @@ import numpy as np
 import pytest
 
 from filters import excluded_reason
-from node_cases import DECLINED, Outcome, _array, _one_line, all_cases, bind_inputs, case_op_types, case_opset
+from node_cases import (DECLINED, Outcome, _array, _one_line, all_cases, bind_inputs, case_op_types, case_opset,
+                        compare_outputs)
 from node_cases import _attempt as _attempt_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,7 @@ def source_hash() -> str:
 
 def classify(name: str, model, e: Exception) -> tuple[str, str]:
     """(status, detail) of a failed compile, by the rules of node_cases._attempt."""
-    from powerfusion.errors import ModelError, PowerFusionError, UnsupportedOpError
+    from powerfusion.errors import ModelError, UnsupportedOpError
     if isinstance(e, UnsupportedOpError):
         from powerfusion.frontend.loader import MIN_OPSET
         ops = {op for _, op, _, _ in e.nodes}
@@ -177,28 +178,6 @@ def run_plan(plan, model, feeds: list) -> list[list]:
     return runs
 
 
-def compare(got: list, expected: list, rtol: float, atol: float) -> str | None:
-    if len(got) != len(expected):
-        return f"{len(got)} outputs, expected {len(expected)}"
-    for k, (g, e) in enumerate(zip(got, expected)):
-        g = np.asarray(g)
-        if g.dtype != e.dtype or g.shape != e.shape:
-            return f"output {k}: got {g.dtype} {g.shape}, expected {e.dtype} {e.shape}"
-        if e.dtype.kind in "OSU" or e.dtype.name not in TOLERANCE:
-            if not np.array_equal(g, e):
-                bad = int(np.sum(g != e))
-                return f"output {k} ({e.dtype}, exact): {bad} of {e.size} elements differ"
-            continue
-        r, a = TOLERANCE[e.dtype.name]
-        r, a = max(r, rtol), max(a, atol)
-        try:
-            np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=r, atol=a, equal_nan=True)
-        except AssertionError as err:
-            lines = [s.strip() for s in str(err).splitlines() if s.strip().startswith(("Mismatched", "Max"))]
-            return f"output {k} ({e.dtype}, rtol {r:g}, atol {a:g}): " + "; ".join(lines)
-    return None
-
-
 def attempt(store: PlanStore, case, variant: str, model, feeds, expected, bound) -> tuple[Outcome, str]:
     plan, status, detail, source = store.get(case.name, variant, model)
     if plan is None:
@@ -208,7 +187,7 @@ def attempt(store: PlanStore, case, variant: str, model, feeds, expected, bound)
     except Exception as e:
         return Outcome(case.name, "error", "on the device: " + _where(e), bound), source
     for byte, got in zip(POISONS, runs):
-        problem = compare(got, expected, case.rtol, case.atol)
+        problem = compare_outputs(got, expected, case.rtol, case.atol, TOLERANCE)
         if problem:
             return Outcome(case.name, "wrong", f"{problem} (poison 0x{byte:02X})", bound), source
     return Outcome(case.name, "passed", "", bound), source

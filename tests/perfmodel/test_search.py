@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h
 
-from powerfusion import options
 from powerfusion.frontend import import_model, partition
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.lower import lower_subgraph, _Plan
@@ -31,14 +30,6 @@ def two_layernorms():
     subs = partition(graph, "cuda").subgraphs
     assert len(subs) == 2
     return graph, subs
-
-
-@pytest.fixture()
-def cache(tmp_path):
-    plancache.clear_memo()
-    with options.context(cache_dir=tmp_path):
-        yield tmp_path
-    plancache.clear_memo()
 
 
 def _layernorm_ref(x, g, b):

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h
 
-from powerfusion import options
 from powerfusion.frontend import import_model, partition
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.lower import lower_subgraph
-from powerfusion.perfmodel import plancache, search
+from powerfusion.perfmodel import search
 from powerfusion.perfmodel.search import choose_plan
 from powerfusion.perfmodel.specs import get_target
 from powerfusion.rewrite import optimise
@@ -29,14 +28,6 @@ def layernorm():
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
     (sub,) = partition(graph, "cuda").subgraphs
     return graph, sub
-
-
-@pytest.fixture()
-def cache(tmp_path):
-    plancache.clear_memo()
-    with options.context(cache_dir=tmp_path):
-        yield tmp_path
-    plancache.clear_memo()
 
 
 def _computes_layernorm(pc, graph) -> None:
