@@ -25,7 +25,6 @@ _INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({
 
 def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
     """(C type, identity, combine template) of a reduction's accumulator for `dtype`."""
-    import numpy as np
     kind = "f" if dtype == "bfloat16" else np.dtype(dtype).kind
     if kind in "iub":
         return "long long", _INT_IDENTITY[fn], _INT_COMBINE[fn]

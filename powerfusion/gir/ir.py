@@ -34,7 +34,7 @@ from typing import Union
 
 import numpy as np
 
-from powerfusion.gir.expr import Expr, I, J, U, const, evaluate, affine_coefficient, variables
+from powerfusion.gir.expr import Expr, I, J, U, const, evaluate, affine_coefficient, loads, variables
 
 
 class Level(IntEnum):
@@ -296,7 +296,6 @@ def _active_units(guard: Expr | None, units: int) -> np.ndarray:
 
 
 def _guard_loads(guard: Expr) -> bool:
-    from powerfusion.gir.expr import loads
     return bool(loads(guard))
 
 

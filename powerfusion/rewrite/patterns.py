@@ -246,8 +246,7 @@ def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     w_units = np.asarray(w_units, np.int64)
     if buffers is not None and (loads(w.index) or (w.valid is not None and loads(w.valid))):
         return _injective_on(w, w_units, parallel, buffers)
-    key = (w, parallel, len(w_units), int(w_units[0]) if len(w_units) else -1,
-           int(w_units[-1]) if len(w_units) else -1, hash(w_units.tobytes()) if len(w_units) < 4096 else 0)
+    key = (w, parallel, len(w_units), hash(w_units.tobytes()))
     if key not in _INJECTIVE:
         if len(_INJECTIVE) > 4096:
             _INJECTIVE.clear()
