@@ -122,9 +122,12 @@ class CudaPlanRunner:
 
     def __call__(self, feeds: dict) -> dict:
         import cupy
-        for t in self.graph.inputs:
-            self.tensors[t.name][...] = cupy.asarray(_to_device_layout(np.asarray(feeds[t.name])))
+        self._load_inputs(feeds)
         if self.use_cuda_graph:
+            if self._cuda_graph is None:
+                self._capture()
+                # the warm-up run reused the inputs' arena space for later tensors: load them again
+                self._load_inputs(feeds)
             self._replay()
         else:
             self._run_steps()
@@ -137,25 +140,35 @@ class CudaPlanRunner:
             out[t.name] = host.view(np_dtype("bfloat16")) if np.dtype(t.dtype).name == "bfloat16" else host
         return out
 
-    def _replay(self) -> None:
-        """Replay the run as CUDA graphs. CuPy cannot call cuBLAS during stream capture, so
-        the steps are captured piecewise: each run of our own kernels (GIR kernels, typed
-        GEMMs) is one graph; cuBLAS MatMul / Conv library calls run eagerly in between.
-        Everything is issued on the current stream, after the inputs' copies."""
+    def _load_inputs(self, feeds: dict) -> None:
         import cupy
-        if self._cuda_graph is None:
-            self._run_steps()  # warm-up: the memory pool holds every block the run needs
-            capture = cupy.cuda.Stream(non_blocking=True)
-            pieces = []
-            for eager, steps in _segments(self.plan.steps, self._captures):
-                if eager:
-                    pieces.append(("eager", steps))
-                    continue
-                with capture:
-                    capture.begin_capture()
-                    self._run_steps(steps)
-                    pieces.append(("graph", capture.end_capture()))
-            self._cuda_graph = pieces
+        for t in self.graph.inputs:
+            self.tensors[t.name][...] = cupy.asarray(_to_device_layout(np.asarray(feeds[t.name])))
+
+    def _capture(self) -> None:
+        """Capture the run as CUDA graphs. CuPy cannot call cuBLAS during stream capture, so
+        the steps are captured piecewise: each run of our own kernels (GIR kernels, typed
+        GEMMs) is one graph; cuBLAS MatMul / Conv library calls stay eager in between.
+        A warm-up run first makes the memory pool hold every block the eager steps need; it
+        overwrites the arena (inputs included), so the caller loads the inputs again."""
+        import cupy
+        self._run_steps()
+        capture = cupy.cuda.Stream(non_blocking=True)
+        pieces = []
+        for eager, steps in _segments(self.plan.steps, self._captures):
+            if eager:
+                pieces.append(("eager", steps))
+                continue
+            with capture:
+                capture.begin_capture()
+                self._run_steps(steps)
+                pieces.append(("graph", capture.end_capture()))
+        capture.synchronize()
+        self._cuda_graph = pieces
+
+    def _replay(self) -> None:
+        """Replay the captured pieces (eager library calls in between) on the current stream."""
+        import cupy
         stream = cupy.cuda.get_current_stream()
         for kind, piece in self._cuda_graph:
             if kind == "graph":
@@ -163,7 +176,6 @@ class CudaPlanRunner:
             else:
                 self._run_steps(piece)
         stream.synchronize()
-
 
 def _segments(steps, capturable) -> list[tuple[bool, list]]:
     """(eager, steps) runs: steps `capturable` refuses (cuBLAS calls) are eager."""
