@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import Expr, affine_coefficient, render_c, substitute, Const, I, J, variables
+from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
@@ -362,15 +362,33 @@ class _Raw(Expr):
 
 
 def _aligned(index: Expr, vec: int) -> bool:
-    """True when index(u, i, j0) is a multiple of vec whenever j0 is: affine with coefficient 1
-    in j and coefficients of u and i (and the constant) divisible by vec."""
+    """True when index(u, i, j0) is a multiple of vec whenever j0 is: index = rest(u, i) + j
+    (coefficient 1 in j, j nowhere else) with rest a multiple of vec by its form (affine with
+    coefficients divisible by vec, or sums of products with such constants: the rows-split
+    tilings address floordiv(u, g) * row + mod(u, g) * chunk)."""
     if variables(index) - {"u", "i", "j"}:
         return False
-    cj, ci, cu = (affine_coefficient(index, v) for v in "jiu")
-    if cj != 1 or ci is None or cu is None:
+    if affine_coefficient(index, "j") != 1:
         return False
-    c0 = substitute(index, {"u": Const(0), "i": Const(0), "j": Const(0)})
-    return isinstance(c0, Const) and c0.value % vec == 0 and ci % vec == 0 and cu % vec == 0
+    rest = substitute(index, {"j": Const(0)})
+    cu, ci = affine_coefficient(rest, "u"), affine_coefficient(rest, "i")
+    if cu is not None and ci is not None:
+        c0 = substitute(rest, {"u": Const(0), "i": Const(0)})
+        if isinstance(c0, Const) and c0.value % vec == 0 and ci % vec == 0 and cu % vec == 0:
+            return True
+    return _multiple_of(rest, vec)
+
+
+def _multiple_of(e: Expr, n: int) -> bool:
+    """Is e a multiple of n for every value of its variables (judged by its form)?"""
+    if isinstance(e, Const):
+        return e.value % n == 0
+    if isinstance(e, BinOp):
+        if e.op in ("add", "sub"):
+            return _multiple_of(e.a, n) and _multiple_of(e.b, n)
+        if e.op == "mul":
+            return _multiple_of(e.a, n) or _multiple_of(e.b, n)
+    return False
 
 
 def _fill_literal(x: float, dtype: str) -> str:

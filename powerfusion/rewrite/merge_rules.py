@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from powerfusion.gir.expr import binop
-from powerfusion.gir.ir import GIRGraph, Level, MemorySlice
-from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, index, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.gir.ir import Buffer, GIRGraph, Level, MemorySlice
+from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, fresh_name, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, without_syncs_on, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.patterns import compact, composition_need, writer_coords
@@ -53,9 +53,17 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     a = pa.buffer
     if a == t or a == op2.outputs[0].buffer or written_between(g, a, w, at):
         return None
-    if g.buffer(a).dtype != g.buffer(t).dtype:
-        return None   # the intermediate rounds: composing would change the numbers
     keep = t in g.outputs or readers(g, t) != [at]
+    pb = op2.outputs[0]
+    # a -> t -> b converts twice; one conversion a -> b gives the same numbers when a -> t is
+    # exact (t widens a) or t -> b is (same dtype). Otherwise t rounds: keep that rounding in a
+    # register buffer laid out like b, so a narrower staging buffer in shared or global memory
+    # (bf16 between two fp32 register tiles) still goes.
+    round_in = None
+    if not _exact_through(g.buffer(a).dtype, g.buffer(t).dtype, g.buffer(pb.buffer).dtype):
+        if keep or p1.level == Level.REGISTER or pb.level != Level.REGISTER:
+            return None
+        round_in = Buffer(fresh_name(g, f"{t}_rounded"), Level.REGISTER, g.buffer(pb.buffer).size, g.buffer(t).dtype)
     # register/shared data does not cross a kernel boundary; t's own syncs go only with t
     if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset() if keep else frozenset({t})):
         return None
@@ -78,13 +86,35 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     if keep and pa.level > p2.level:
         return None
     ops = list(g.ops)
-    ops[at] = replace(op2, inputs=(src,), uid=next_uid(g))
+    if round_in is None:
+        ops[at] = replace(op2, inputs=(src,), uid=next_uid(g))
+    else:
+        mid = replace(pb, buffer=round_in.name, dtype=round_in.dtype)
+        ops[at:at + 1] = [replace(op2, inputs=(src,), outputs=(mid,), uid=next_uid(g)),
+                          replace(op2, inputs=(mid,), uid=next_uid(g) + 1)]
     changed = [op2.uid]
     if not keep:
         del ops[w]
         changed.append(op1.uid)
         ops = without_syncs_on(ops, t)
-    return _checked(g, ops, changed)
+    if round_in is None:
+        return _checked(g, ops, changed)
+    return if_not_worse(g, Rewrite(tuple(ops), g.buffers + (round_in,), tuple(changed)))
+
+
+# conversions that lose nothing: every value of the first dtype is one of the second
+_WIDENS = {("float16", "float32"), ("bfloat16", "float32"), ("float16", "float64"), ("bfloat16", "float64"),
+           ("float32", "float64"), ("int8", "int16"), ("int8", "int32"), ("int8", "int64"), ("int16", "int32"),
+           ("int16", "int64"), ("int32", "int64"), ("uint8", "int16"), ("uint8", "int32"), ("uint8", "int64"),
+           ("uint8", "uint16"), ("uint8", "uint32"), ("uint8", "uint64"), ("uint16", "int32"), ("uint16", "int64"),
+           ("uint16", "uint32"), ("uint16", "uint64"), ("uint32", "int64"), ("uint32", "uint64"),
+           ("int8", "float32"), ("uint8", "float32"), ("int16", "float32"), ("uint16", "float32"),
+           ("int8", "float16"), ("uint8", "float16"), ("int8", "bfloat16"), ("uint8", "bfloat16")}
+
+
+def _exact_through(a: str, t: str, b: str) -> bool:
+    """Is converting a -> t -> b the same as a -> b?"""
+    return a == t or t == b or (a, t) in _WIDENS
 
 
 def _renameable(g: GIRGraph, old: str, new: str, start: int, at: int, ignore: frozenset[str] = frozenset()) -> bool:
