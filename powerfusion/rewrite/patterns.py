@@ -148,7 +148,7 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
     (same unit and lane). The writer must write each address at most once."""
     if not _injective(w, w_units, parallel, buffers):
         return None
-    r_units = _sampled(r_units, r.count)
+    r_units = _sampled(r_units, r.count, exprs=(r.index, w.index))
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
         ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
         if ev is not None and bool(np.all(ev[0] | ~ev[2])):
@@ -159,18 +159,35 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
 SAMPLE_CAP = 1 << 16  # elements; larger checks look at a sample of units (first, last, seeded random)
 
 
-def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP) -> np.ndarray:
+def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP, exprs=()) -> np.ndarray:
     """All units when the check is small; otherwise a fixed sample of them, so compile time
     does not grow with tensor size (an exact check of every unit is kept for small shapes,
-    which the tests exercise; templates' patterns are uniform across units)."""
+    which the tests exercise; templates' patterns are uniform across units). The sample
+    holds probe units that set each digit of u on its own (powers of two, and multiples of the
+    divisors in `exprs`): a few random units alone leave the digits correlated, and a fit or
+    check on them can accept an index that is wrong elsewhere."""
     units = np.asarray(units, dtype=np.int64)
     keep = max(8, cap // max(per_unit, 1))
     if len(units) <= keep:
         return units
     rng = np.random.default_rng(len(units))
     head = min(keep // 4, len(units))
-    picks = np.concatenate([units[:head], units[-head:], rng.choice(units, keep - 2 * head, replace=False)])
+    picks = np.concatenate([units[:head], units[-head:], rng.choice(units, keep - 2 * head, replace=False),
+                            _probes(units, exprs)])
     return np.unique(picks)
+
+
+def _probes(units: np.ndarray, exprs) -> np.ndarray:
+    """Units among `units` that exercise each radix digit: 2^k and 2^k - 1, and for each
+    divisor d in `exprs` d - 1, d, d + 1, 2d - 1 and 2d (offset by the first unit)."""
+    top = int(units.max()) + 1
+    base = int(units.min())
+    cand = {base + (1 << k) for k in range(top.bit_length())} | {base + (1 << k) - 1 for k in range(top.bit_length())}
+    for e in exprs:
+        for d in _all_divisors(e):
+            cand |= {base + x for x in (d - 1, d, d + 1, 2 * d - 1, 2 * d)}
+    cand = np.fromiter(sorted(c for c in cand if base <= c < top), dtype=np.int64)
+    return cand[np.isin(cand, units)]
 
 
 def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
@@ -258,7 +275,7 @@ _INJECTIVE: dict = {}   # (slice, parallel, units) -> bool: the same writer is a
 
 
 def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
-    w_units = _sampled(w_units, w.count)
+    w_units = _sampled(w_units, w.count, exprs=(w.index,))
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
@@ -392,7 +409,8 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
     if len(units) == 0 or loads(s.index) or (s.valid is not None and loads(s.valid)):
         return s
     if len(units) * s.count > COMPACT_CAP:
-        units = _sampled(units, s.count)  # fitted and checked on a sample of units, as above
+        units = _sampled(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
+        # fitted and checked on a sample of units with digit probes, as above
     valid_expr = s.valid
     if valid_expr is not None:
         valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)
