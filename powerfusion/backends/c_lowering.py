@@ -295,8 +295,17 @@ class KernelLowering:
     # ---- assembly -------------------------------------------------------------------------
     def render(self):
         from powerfusion.backends.c_renderer import KernelSource
+        from powerfusion.backends.c_streaming import Run, render_run, stream_segments
         body = []
-        for op in self.ops:
+        segments = stream_segments(self)
+        streamed = {b for seg in segments or () if isinstance(seg, Run) for b in seg.local}
+        for op in segments or self.ops:
+            if isinstance(op, Run):
+                lines, head = render_run(self, op), op.ops[0]
+                guard = "unit_live" + (f" && ({self.expr(head.guard)})" if head.guard is not None else "")
+                body.append(f"// streamed over {op.num} rows: gops {', '.join(str(o.uid) for o in op.ops)}")
+                body += [f"if ({guard}) {{", *["  " + x for x in lines], "}"]
+                continue
             lines = INSTRUCTIONS[type(op.args)](self, op)
             if not lines:
                 continue
@@ -308,6 +317,8 @@ class KernelLowering:
                 body += [f"if ({guard}) {{", *["  " + x for x in lines], "}"]
         decls = []
         for buf, lay in self.reg.items():
+            if buf in streamed:
+                continue
             b = self.graph.buffer(buf)
             decls.append(f"{self.r.ctype[b.dtype]} {self.ident('r', buf)}[{lay.slots}];")
         for buf, off in self.smem_offsets.items():
@@ -366,7 +377,7 @@ def _aligned(index: Expr, vec: int) -> bool:
     (coefficient 1 in j, j nowhere else) with rest a multiple of vec by its form (affine with
     coefficients divisible by vec, or sums of products with such constants: the rows-split
     tilings address floordiv(u, g) * row + mod(u, g) * chunk)."""
-    if variables(index) - {"u", "i", "j"}:
+    if variables(index) - {"u", "i", "j", "ri"}:   # ri: a streamed loop's row (c_streaming.py)
         return False
     if affine_coefficient(index, "j") != 1:
         return False
