@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: every GPU-marked test, in parallel groups
+# (each pytest process single-threaded; the machine has 16 cores). Logs in $OUT.
+#   bash benchmarks/run_gpu_tests.sh            GROUPS="models ttile conformance ..." to pick
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 POWERFUSION_CACHE_DIR=${POWERFUSION_CACHE_DIR:-/tmp/pf-cache}
+OUT=${OUT:-$(mktemp -d)}
+GROUPS=${GROUPS:-"models ttile_onnx ttile_kernels streamed dtypes conformance runtime"}
+LIMIT=${LIMIT_S:-540}
+t0=$(date +%s)
+py() { timeout $((LIMIT - ($(date +%s) - t0))) python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$@"; }
+for g in $GROUPS; do
+  case $g in
+    models) py tests/backends/test_cuda_models.py > "$OUT/gpu-models.txt" 2>&1 & ;;
+    ttile_onnx) py tests/ttile/test_onnx_cuda.py > "$OUT/gpu-ttile-onnx.txt" 2>&1 & ;;
+    ttile_kernels) py tests/ttile --ignore=tests/ttile/test_onnx_cuda.py > "$OUT/gpu-ttile-kernels.txt" 2>&1 & ;;
+    streamed) py tests/backends/test_streamed_rows.py > "$OUT/gpu-streamed.txt" 2>&1 & ;;
+    dtypes) py tests/backends/test_cuda_dtypes.py > "$OUT/gpu-dtypes.txt" 2>&1 & ;;
+    runtime) py tests/runtime tests/rewrite/test_gpu_rewritten.py tests/perfmodel/test_tune_gpu.py tests/backends/test_c_renderer.py > "$OUT/gpu-runtime.txt" 2>&1 & ;;
+    conformance)
+      ( timeout $((LIMIT / 2)) python3 benchmarks/precompile_conformance.py --jobs 8 --no-dtypes --budget-s $((LIMIT / 2 - 20)) \
+          > "$OUT/precompile-conformance.log" 2>&1
+        PF_CUDA_CONFORMANCE_REPORT="$OUT/cuda-conformance.json" py tests/conformance/test_cuda_conformance.py \
+          > "$OUT/gpu-conformance.txt" 2>&1 ) & ;;
+  esac
+done
+wait
+for f in "$OUT"/gpu-*.txt; do echo "== $(basename $f): $(tail -1 $f)"; grep -E "^(FAILED|ERROR)" "$f" | head -15; done
