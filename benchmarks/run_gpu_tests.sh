@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: every GPU-marked test, in parallel groups
 # (each pytest process single-threaded; the machine has 16 cores). Logs in $OUT.
-#   bash benchmarks/run_gpu_tests.sh            GROUPS="models ttile conformance ..." to pick
+#   bash benchmarks/run_gpu_tests.sh            TEST_GROUPS="models ttile_onnx ..." to pick
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 POWERFUSION_CACHE_DIR=${POWERFUSION_CACHE_DIR:-/tmp/pf-cache}
 OUT=${OUT:-$(mktemp -d)}
-GROUPS=${GROUPS:-"models ttile_onnx ttile_kernels streamed dtypes conformance runtime"}
+TEST_GROUPS=${TEST_GROUPS:-"models ttile_onnx ttile_kernels streamed dtypes conformance runtime"}
 LIMIT=${LIMIT_S:-540}
 t0=$(date +%s)
 py() { timeout $((LIMIT - ($(date +%s) - t0))) python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "$@"; }
-for g in $GROUPS; do
+for g in $TEST_GROUPS; do
   case $g in
     models) py tests/backends/test_cuda_models.py > "$OUT/gpu-models.txt" 2>&1 & ;;
     ttile_onnx) py tests/ttile/test_onnx_cuda.py > "$OUT/gpu-ttile-onnx.txt" 2>&1 & ;;
