@@ -27,6 +27,7 @@ Nodes are immutable; graphs are rebuilt, never edited in place.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from enum import IntEnum
@@ -276,6 +277,15 @@ class GIRGraph:
         if cur:
             parts.append(tuple(cur))
         return parts
+
+
+def units_key(units) -> tuple:
+    """A compact exact-in-practice key for a unit array in memo tables: its length, ends and a
+    128-bit digest of its contents (the arrays run to millions of ids; keys must stay small)."""
+    a = np.ascontiguousarray(units, dtype=np.int64)
+    if a.size == 0:
+        return (0,)
+    return (a.size, int(a[0]), int(a[-1]), hashlib.blake2b(a.data, digest_size=16).digest())
 
 
 @lru_cache(maxsize=16)

@@ -29,7 +29,7 @@ import numpy as np
 from powerfusion.errors import PowerFusionError
 from powerfusion.frontend.basic import BasicGraph, Reshape, Subgraph
 from powerfusion.gir.expr import U, loads
-from powerfusion.gir.ir import GIRGraph, GOp, Level, Parallel, Scope, Sync
+from powerfusion.gir.ir import GIRGraph, GOp, Level, Parallel, Scope, Sync, units_key
 from powerfusion.templates import candidates as node_candidates
 from powerfusion.templates.common import Candidate, Ctx, and_, buffer_names, resolve_target, sanitize
 
@@ -58,7 +58,10 @@ class _Plan:
                 self.alias[n.outputs[0]] = n.inputs[0]
         self.nodes = [n for n in sub.nodes if n.outputs[0] not in self.alias]
         self._cands: dict[str, list[Candidate]] = {}
-        self.memo: dict[tuple, tuple[bool, bool]] = {}  # (producer, consumer, buffer) -> (lines up, same tiles)
+        # (id producer, id consumer, buffer) -> (lines up, same tiles, producer, consumer): the
+        # candidates are held so that their ids stay theirs while the entry lives
+        self.memo: dict[tuple, tuple] = {}
+        self.default: dict[str, Candidate] | None = None   # _best_descent without fixed choices
 
     def candidates(self, node) -> list[Candidate]:
         if node.name not in self._cands:
@@ -80,9 +83,10 @@ class _Plan:
     def match(self, p: Candidate, c: Candidate, buffer: str) -> tuple[bool, bool]:
         """(lines_up, same_tiles) for producer p and consumer c of `buffer`, memoised."""
         key = (id(p), id(c), buffer)
-        if key not in self.memo:
-            self.memo[key] = (lines_up(p, c, buffer), same_tiles(p, c, buffer))
-        return self.memo[key]
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = (_lines_up_shared(p, c, buffer), same_tiles(p, c, buffer), p, c)
+        return hit[0], hit[1]
 
     def internal_edges(self):
         """(producer node, consumer node, buffer) for tensors made and used inside the subgraph."""
@@ -146,6 +150,32 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
     if w.size == 0:
         return r.size == 0
     return bool(np.all(w[np.minimum(np.searchsorted(w, r), w.size - 1)] == r))
+
+
+def _lines_up_shared(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
+    """lines_up, memoised across candidates, plans and subgraphs by what it looks at: the
+    parallel structures and the accesses of the buffer (slices with the buffer's name left
+    out, and their units). Candidates of different ops and repeated layers share most edges."""
+    gp, gc = producer.build(), consumer.build()
+    ws, rs = _accesses(gp, buffer, True), _accesses(gc, buffer, False)
+    if any(_slice_loads(x) for x, _ in ws + rs):
+        return lines_up(producer, consumer, buffer)
+    key = (gp.parallel.lanes, gp.parallel.units_per_group, gc.parallel.lanes, gc.parallel.units_per_group,
+           tuple((replace(x, buffer=""), units_key(u)) for x, u in ws),
+           tuple((replace(x, buffer=""), units_key(u)) for x, u in rs))
+    hit = _LINES_UP.get(key)
+    if hit is None:
+        if len(_LINES_UP) >= 1 << 14:
+            _LINES_UP.clear()
+        hit = _LINES_UP[key] = lines_up(producer, consumer, buffer)
+    return hit
+
+
+_LINES_UP: dict[tuple, bool] = {}
+
+
+def _slice_loads(s) -> bool:
+    return bool(loads(s.index)) or (s.valid is not None and bool(loads(s.valid)))
 
 
 def _same_elements(w, r, readers) -> bool:
@@ -220,7 +250,12 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
     so a chain whose edges nothing decides (a reduce's per-row result feeding a broadcast)
     stays one family instead of switching mid-chain (which lines nothing up at the switch)."""
     fixed = fixed or {}
-    edges = list(plan.internal_edges())
+    # the edges each node takes part in, in edge order (scoring a node looks at these only)
+    edges: dict[int, list] = {}
+    for e in plan.internal_edges():
+        edges.setdefault(id(e[0]), []).append(e)
+        if e[1] is not e[0]:
+            edges.setdefault(id(e[1]), []).append(e)
 
     match = plan.match
     choice: dict[str, Candidate] = {}
@@ -230,14 +265,12 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
         ties towards structurally similar neighbours where nothing lines up (moves then compose
         cleanly), the third towards one vector width for the whole chain."""
         s = t = 0
-        for p, c, b in edges:
-            pairs = []
+        for p, c, b in edges.get(id(node), ()):
             if c is node and p.name in choice:
-                pairs.append((choice[p.name], cand))
+                m, st = match(choice[p.name], cand, b)
+                s, t = s + m, t + st
             if both and p is node and c.name in choice:
-                pairs.append((cand, choice[c.name]))
-            for pc, cc in pairs:
-                m, st = match(pc, cc, b)
+                m, st = match(cand, choice[c.name], b)
                 s, t = s + m, t + st
         return s, t, family is not None and _family_score(cand, family)
 
@@ -308,12 +341,26 @@ def _best_descent(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps
     return best
 
 
+def lowering_context(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> _Plan:
+    """Names, candidates and the memo of matched edges for one subgraph: passed to
+    enumerate_plans and lower_subgraph, the search lowers every plan without matching the same
+    producer/consumer pair twice."""
+    return _Plan(subgraph, graph, target)
+
+
+def _default_descent(plan: _Plan) -> dict[str, Candidate]:
+    if plan.default is None:
+        plan.default = _best_descent(plan)
+    return dict(plan.default)
+
+
 def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
-                    limit: int = 16) -> list[dict[str, Candidate]]:
+                    limit: int = 16, ctx: _Plan | None = None) -> list[dict[str, Candidate]]:
     """Template choices for the perf-model search: the default first, then for every op and
     every other candidate of it, the plan with that candidate fixed and the rest re-matched
-    around it (so whole families -- all row-per-unit, all column-wise -- appear). Deduplicated."""
-    plan = _Plan(subgraph, graph, target)
+    around it (so whole families -- all row-per-unit, all column-wise -- appear). Deduplicated.
+    `ctx`: a lowering_context of the same subgraph, graph and target to share."""
+    plan = ctx or _Plan(subgraph, graph, target)
     plans, seen = [], set()
 
     def add(ch):
@@ -321,7 +368,7 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
         if key not in seen:
             seen.add(key)
             plans.append(ch)
-    add(_best_descent(plan))
+    add(_default_descent(plan))
     for f in _families(plan):
         add(_descend(plan, family=f))
     # alternatives round-robin over the ops (every op's second candidate before any op's
@@ -339,12 +386,16 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
 
 # ---- merging ---------------------------------------------------------------------------
 
-def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = None, target="cuda") -> GIRGraph:
-    """One GIR graph for the subgraph: one candidate per op (default_choice where not given)."""
-    plan = _Plan(subgraph, graph, target)
+def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = None, target="cuda",
+                   ctx: _Plan | None = None) -> GIRGraph:
+    """One GIR graph for the subgraph: one candidate per op (default_choice where not given).
+    `ctx`: a lowering_context of the same subgraph, graph and target to share."""
+    plan = ctx or _Plan(subgraph, graph, target)
     given = {n.name: choice[n.name] for n in plan.nodes if choice and n.name in choice}
     if choice and len(given) == len(plan.nodes):
         chosen = {n.name: plan.rebind(n, given[n.name]) for n in plan.nodes}
+    elif not given:
+        chosen = _default_descent(plan)
     else:  # the ops not named are matched around the named ones
         chosen = _best_descent(plan, given)
     parts = [(n, chosen[n.name], chosen[n.name].build()) for n in plan.nodes]

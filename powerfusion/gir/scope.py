@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.gir.expr import loads
-from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope, units_key
 
 CAP = 1 << 18      # evaluated elements checked exactly
 SAMPLE = 1 << 16   # elements looked at beyond CAP
@@ -66,8 +66,29 @@ def needed_scope(write: MemorySlice, write_units, read: MemorySlice, read_units,
         return Scope.LANE
     if len(write_units) == 0 or len(read_units) == 0:
         return Scope.LANE
-    if buffers is None and (_uses_loads(write) or _uses_loads(read)):
+    loading = _uses_loads(write) or _uses_loads(read)
+    if buffers is None and loading:
         return _structural(write, write_units, read, read_units)
+    if loading:  # the answer depends on the data: not memoised
+        return _needed_scope(write, write_units, read, read_units, parallel, buffers, cap)
+    # The greedy rewriter asks the same question again after every unrelated rewrite, and the
+    # search asks it again for every plan sharing the exchange: without loads the answer is a
+    # pure function of the slices, the unit sets and the parallel structure.
+    key = (write, read, parallel, cap, units_key(write_units), units_key(read_units))
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= MEMO_SIZE:
+            _MEMO.clear()
+        hit = _MEMO[key] = _needed_scope(write, write_units, read, read_units, parallel, None, cap)
+    return hit
+
+
+MEMO_SIZE = 4096
+_MEMO: dict[tuple, Scope] = {}
+
+
+def _needed_scope(write: MemorySlice, write_units: np.ndarray, read: MemorySlice, read_units: np.ndarray,
+                  parallel: Parallel, buffers, cap: int) -> Scope:
     if len(write_units) * write.count + len(read_units) * read.count <= cap:
         wk, wu, wl = element_owners(write, write_units, parallel, buffers)
         rk, ru, rl = element_owners(read, read_units, parallel, buffers)

@@ -148,12 +148,13 @@ class _Cand:
 
 def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
             limit: int, budget_s: float | None = None) -> PlanChoice:
-    from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph
-    plans = [None] + enumerate_plans(sub, graph, t, limit=limit)  # None: lower_subgraph's default choice
+    from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph, lowering_context
+    ctx = lowering_context(sub, graph, t)   # one memo of matched edges for every plan
+    plans = [None] + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
     for plan in plans:
         try:
-            merged = lower_subgraph(sub, graph, plan, t)
+            merged = lower_subgraph(sub, graph, plan, t, ctx=ctx)
         except LowerError:
             infeasible += 1
             continue
@@ -205,13 +206,7 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     if not valid:  # every rewritten plan was rejected: run a merged plan as lowered (correct, slower)
         skipped = ("pruned", "not tried (time budget)")
         note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note and c.note not in skipped})[:2])
-        for c in cands:
-            if not feasibility(c.merged, t):
-                c.optimised, c.trace, c.note = c.merged, (), ""
-                c.estimate = estimate(c.merged, t)
-                c.predicted = predict_seconds(c.estimate, t)
-        valid = sorted((c for c in cands if c.optimised is c.merged and math.isfinite(c.predicted)),
-                       key=lambda c: c.predicted)
+        valid = _feasible_merged(cands, t)
     if not valid:
         from powerfusion.errors import PowerFusionError
         raise PowerFusionError(f"subgraph {sub.name}: no feasible plan for {t.name} ({note[:600]})")
@@ -228,6 +223,43 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     return PlanChoice(win.optimised, win.merged, win.trace, win.predicted, measured.get(id(win)), win.estimate,
                       len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels,
                       note=(budget_note + note)[:700].rstrip("; "), unsearched=unsearched)
+
+
+def _feasible_merged(cands: list[_Cand], t: TargetSpec) -> list[_Cand]:
+    """The first TOP_K feasible merged plans by predicted time (marked as running unrewritten).
+
+    The verifier is the expensive part, and only the top TOP_K are used: the plans are
+    estimated first and verified in order of prediction until TOP_K pass -- the same list as
+    verifying all of them and sorting the feasible ones (a stable sort either way). A plan
+    whose estimate fails before its verification falls back to verifying all."""
+    try:
+        preds = []
+        for c in cands:
+            e = estimate(c.merged, t)
+            preds.append((e, predict_seconds(e, t)))
+    except Exception:
+        preds = None
+    if preds is None or any(math.isnan(p) for _, p in preds):
+        for c in cands:
+            if not feasibility(c.merged, t):
+                _run_merged(c, t)
+        return sorted((c for c in cands if c.optimised is c.merged and math.isfinite(c.predicted)),
+                      key=lambda c: c.predicted)
+    valid = []
+    for k in sorted(range(len(cands)), key=lambda k: preds[k][1]):
+        c, (e, p) = cands[k], preds[k]
+        if len(valid) >= TOP_K or not math.isfinite(p):
+            break
+        if not feasibility(c.merged, t):
+            _run_merged(c, t, e, p)
+            valid.append(c)
+    return valid
+
+
+def _run_merged(c: _Cand, t: TargetSpec, e: Estimate | None = None, p: float | None = None) -> None:
+    c.optimised, c.trace, c.note = c.merged, (), ""
+    c.estimate = e if e is not None else estimate(c.merged, t)
+    c.predicted = p if p is not None else predict_seconds(c.estimate, t)
 
 
 def _evaluate(c: _Cand, t: TargetSpec) -> None:

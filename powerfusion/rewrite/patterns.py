@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerfusion.gir.expr import BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
-from powerfusion.gir.ir import Level, MemorySlice, Parallel
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, units_key
 
 _ADDR = Var("addr")
 
@@ -140,12 +140,48 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
     return tries
 
 
+def _slice_loads(s: MemorySlice) -> bool:
+    return bool(loads(s.index)) or (s.valid is not None and bool(loads(s.valid)))
+
+
+class _Memo(dict):
+    """A bounded memo table for the pure slice questions below. The greedy rewriter asks them
+    again after every unrelated rewrite, and the search again for every plan sharing the
+    exchange; without gathers the answers depend only on the slices and the unit sets."""
+
+    def __init__(self, size: int = 4096):
+        super().__init__()
+        self.size = size
+
+    def put(self, key, value):
+        if len(self) >= self.size:
+            self.clear()
+        self[key] = value
+        return value
+
+
+_COORDS = _Memo()     # writer_coords
+_COMPACT = _Memo()    # compact
+_MISS = object()
+
+
 def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
                   parallel: Parallel, need: str | None, buffers=None) -> Coords | None:
     """Coordinates of the writer element each valid reader element reads, checked exactly.
 
     need: None (any unit may read it), "group" (same group), "unit" (same unit) or "lane"
     (same unit and lane). The writer must write each address at most once."""
+    if _slice_loads(w) or _slice_loads(r):   # the answer depends on the data: not memoised
+        return _writer_coords(w, w_units, r, r_units, parallel, need, buffers)
+    key = (w, r, parallel, need, units_key(w_units), units_key(r_units))
+    hit = _COORDS.get(key, _MISS)
+    if hit is _MISS:
+        hit = _COORDS.put(key, _writer_coords(w, w_units, r, r_units, parallel, need, None))
+    return hit
+
+
+def _writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
+                   parallel: Parallel, need: str | None, buffers=None) -> Coords | None:
     if not _injective(w, w_units, parallel, buffers):
         return None
     r_units = _sampled(r_units, r.count, exprs=(r.index, w.index))
@@ -406,8 +442,16 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
     (composition nests div/mod expressions; this keeps them small for later rules and for
     the renderer). An all-true valid mask becomes None."""
     units = np.asarray(units, np.int64)
-    if len(units) == 0 or loads(s.index) or (s.valid is not None and loads(s.valid)):
+    if len(units) == 0 or _slice_loads(s):
         return s
+    key = (s, repr(s.fill), units_key(units))   # fill by repr: -0.0 == 0.0, but renders differently
+    hit = _COMPACT.get(key)
+    if hit is None:
+        hit = _COMPACT.put(key, _compact(s, units))
+    return hit
+
+
+def _compact(s: MemorySlice, units: np.ndarray, buffers=None) -> MemorySlice:
     if len(units) * s.count > COMPACT_CAP:
         units = _sampled(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
         # fitted and checked on a sample of units with digit probes, as above
