@@ -62,6 +62,7 @@ class _Plan:
         # candidates are held so that their ids stay theirs while the entry lives
         self.memo: dict[tuple, tuple] = {}
         self.default: dict[str, Candidate] | None = None   # _best_descent without fixed choices
+        self.descents: dict[tuple, dict[str, Candidate]] = {}   # (sweeps, family) -> unconstrained _descend
 
     def candidates(self, node) -> list[Candidate]:
         if node.name not in self._cands:
@@ -249,7 +250,15 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
     (vector width, units per row) breaks the remaining ties towards candidates of that family,
     so a chain whose edges nothing decides (a reduce's per-row result feeding a broadcast)
     stays one family instead of switching mid-chain (which lines nothing up at the switch)."""
-    fixed = fixed or {}
+    if not fixed:   # the same unconstrained descent serves the default choice and the family plans
+        key = (sweeps, family)
+        if key not in plan.descents:
+            plan.descents[key] = _descend_from(plan, {}, sweeps, family)
+        return dict(plan.descents[key])
+    return _descend_from(plan, fixed, sweeps, family)
+
+
+def _descend_from(plan: _Plan, fixed: dict[str, Candidate], sweeps: int, family: tuple | None) -> dict[str, Candidate]:
     # the edges each node takes part in, in edge order (scoring a node looks at these only)
     edges: dict[int, list] = {}
     for e in plan.internal_edges():

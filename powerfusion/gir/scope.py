@@ -123,14 +123,25 @@ def scope_between(wk, wu, wl, rk, ru, rl, parallel: Parallel, missing: Scope | N
         return Scope.LANE
     if wk.size == 0:
         return missing or Scope.LANE
-    order = np.argsort(wk, kind="stable")
-    wk, wu, wl = wk[order], wu[order], wl[order]
-    uniq, start = np.unique(wk, return_index=True)
+    if wk.size > 1 and not np.all(wk[1:] >= wk[:-1]):   # row-major writes are often sorted already
+        order = np.argsort(wk, kind="stable")
+        wk, wu, wl = wk[order], wu[order], wl[order]
+    # sorted: each run of equal keys starts where the key changes (np.unique would sort again)
+    first = np.empty(wk.size, bool)
+    first[0] = True
+    np.not_equal(wk[1:], wk[:-1], out=first[1:])
+    start = np.flatnonzero(first)
+    uniq = wk[start]
     code = wu * (parallel.lanes + 1) + wl  # one integer per (unit, lane)
     grp = wu // parallel.units_per_group
-    lo_code, hi_code = np.minimum.reduceat(code, start), np.maximum.reduceat(code, start)
-    lo_u, hi_u = np.minimum.reduceat(wu, start), np.maximum.reduceat(wu, start)
-    lo_g, hi_g = np.minimum.reduceat(grp, start), np.maximum.reduceat(grp, start)
+    if start.size == wk.size:   # every key written once: each run is one element
+        lo_code = hi_code = code
+        lo_u = hi_u = wu
+        lo_g = hi_g = grp
+    else:
+        lo_code, hi_code = np.minimum.reduceat(code, start), np.maximum.reduceat(code, start)
+        lo_u, hi_u = np.minimum.reduceat(wu, start), np.maximum.reduceat(wu, start)
+        lo_g, hi_g = np.minimum.reduceat(grp, start), np.maximum.reduceat(grp, start)
     pos = np.searchsorted(uniq, rk)
     pos_c = np.minimum(pos, len(uniq) - 1)
     hit = uniq[pos_c] == rk

@@ -368,31 +368,42 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
     """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
     shape = (len(units), num, width)
     env = _grid(units, num, width)
-    target = _full(evaluate(e, env, buffers), shape)[where]
+    full = _full(evaluate(e, env, buffers), shape)
     factors = _factors(_all_divisors(e))
-    digits = []   # (var, lo, hi, extent used, values)
-    for var, ext in ((U, int(units.max()) + 1), (I, num), (J, width)):
+    # Everywhere (the usual case): a digit depends on one axis only, so its values are
+    # computed on that axis and broadcast, instead of over every element (same numbers).
+    dense = full.size > 0 and bool(where.all())
+    target = full if dense else full[where]
+    digits = []   # (var, lo, hi, extent used, values: per element, or per axis when dense)
+    for axis, (var, ext) in enumerate(((U, int(units.max()) + 1), (I, num), (J, width))):
         if ext <= 1:
             continue
-        vals = np.broadcast_to(env[var.name], shape)[where]
+        vals = env[var.name].reshape(-1) if dense else np.broadcast_to(env[var.name], shape)[where]
         seen = int(vals.max()) + 1 if vals.size else 1
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
-            digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo))
+            digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo, axis))
     rows = np.arange(target.size)
     if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
         rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
-    A = np.stack([np.ones(rows.size)] + [d[4][rows].astype(np.float64) for d in digits], axis=1)
-    coef = np.rint(np.linalg.lstsq(A, target[rows].astype(np.float64), rcond=None)[0]).astype(np.int64)
+    if dense:   # row r of the flattened grid is (r // (num*width), r // width % num, r % width)
+        at = (rows // (num * width), rows // width % num, rows % width)
+        cols = [d[4][at[d[5]]] for d in digits]
+        sample = target.reshape(-1)[rows]
+    else:
+        cols = [d[4][rows] for d in digits]
+        sample = target[rows]
+    A = np.stack([np.ones(rows.size)] + [c.astype(np.float64) for c in cols], axis=1)
+    coef = np.rint(np.linalg.lstsq(A, sample.astype(np.float64), rcond=None)[0]).astype(np.int64)
     got = np.full(target.shape, coef[0], np.int64)
     for d, c in zip(digits, coef[1:]):
         if c:
-            got += d[4] * c
+            got += (d[4] * c).reshape([-1 if k == d[5] else 1 for k in range(3)]) if dense else d[4] * c
     if not np.array_equal(got, target):
         return None
     out: Expr = Const(int(coef[0]))
     run = None   # (var, lo, base coefficient, next lo, extent): digits that form one wider digit
-    for (var, lo, hi, ext, _), c in zip(digits, coef[1:]):
+    for (var, lo, hi, ext, _, _), c in zip(digits, coef[1:]):
         if run and run[0] == var and run[3] == lo and c == run[2] * (lo // run[1]) and c:
             run = (var, run[1], run[2], hi, ext)
             continue
