@@ -140,6 +140,12 @@ class KernelLowering:
         e = substitute(s.index, {"i": _Raw(f"({k} / {s.width})"), "j": _Raw(f"({k} % {s.width})")})
         return self.expr(e)
 
+    def _fill(self, x: float, sdt: str, ddt: str) -> str:
+        """A masked-off element's value in `ddt`: 16-bit float fills are written as float
+        literals and converted, so `cond ? half : fill` has one type on both sides."""
+        lit = "float32" if sdt in ("float16", "bfloat16") else sdt
+        return self.r.convert(_fill_literal(x, lit), lit, ddt)
+
     def _valid(self, s: MemorySlice) -> str | None:
         return None if s.valid is None else self.expr(s.valid)
 
@@ -164,7 +170,7 @@ class KernelLowering:
         val = self.r.convert(self.ref(src, addr(src)), sdt, ddt)
         sv, dv = self._valid(src), self._valid(dst)
         if sv:
-            val = f"({sv}) ? {val} : {self.r.convert(_fill_literal(src.fill, sdt), sdt, ddt)}"
+            val = f"({sv}) ? {val} : {self._fill(src.fill, sdt, ddt)}"
         store = f"{self.ref(dst, addr(dst))} = {val};"
         lines = self._lane_loop(lead, [f"if ({dv}) {store}" if dv else store])
         if lead.level == Level.REGISTER and self.reg[lead.buffer].replicated and dst.level != Level.REGISTER:
@@ -202,7 +208,7 @@ class KernelLowering:
             ok = "ok"
         gt = self.r.ctype[gdt]
         if glob is src:
-            fill = self.r.convert(_fill_literal(src.fill, gdt), gdt, rdt)
+            fill = self._fill(src.fill, gdt, rdt)
             lines += [f"  if ({ok}) {{ {gt} t[{vec}]; *reinterpret_cast<{vt}*>(t) = "
                       f"*reinterpret_cast<const {vt}*>(&{self.ptr(glob.buffer)}[a0]);",
                       f"    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "

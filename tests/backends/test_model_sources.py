@@ -51,3 +51,18 @@ def test_hip_kernels_compile(model, tmp_path):
         proc = subprocess.run([hipcc, f"--offload-arch={arch}", "--genco", "-o", str(tmp_path / "k.co"), str(src)],
                               capture_output=True, text=True, env=env)
         assert proc.returncode == 0, f"{src} ({arch}):\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_kernels_compile(dtype, tmp_path):
+    """16-bit models' kernels (masked moves select between a half value and a fill) compile."""
+    import onnx
+    from test_cuda_dtypes import to_low_precision
+    from powerfusion.compiler import compile_model
+    nvcc = require_tool("nvcc")
+    model = to_low_precision(onnx.load(ROOT / "models" / "small" / "bert_small.onnx"), dtype)
+    src = tmp_path / f"bert_small_{dtype}.cu"
+    src.write_text(_one_unit(compile_model(model, "cuda")))
+    proc = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "k.cubin"), str(src)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"{src}:\n{proc.stderr[-4000:]}"
