@@ -17,12 +17,26 @@ for g in $TEST_GROUPS; do
     streamed) py tests/backends/test_streamed_rows.py > "$OUT/gpu-streamed.txt" 2>&1 & ;;
     dtypes) py tests/backends/test_cuda_dtypes.py > "$OUT/gpu-dtypes.txt" 2>&1 & ;;
     runtime) py tests/runtime tests/rewrite/test_gpu_rewritten.py tests/perfmodel/test_tune_gpu.py tests/backends/test_c_renderer.py > "$OUT/gpu-runtime.txt" 2>&1 & ;;
-    conformance)
-      ( timeout $((LIMIT / 2)) python3 benchmarks/precompile_conformance.py --jobs 8 --no-dtypes --budget-s $((LIMIT / 2 - 20)) \
+    conformance)   # plans precompiled in parallel, then the cases in SHARDS pytest processes
+      ( timeout $((LIMIT / 2)) python3 benchmarks/precompile_conformance.py --jobs 12 --no-dtypes --budget-s $((LIMIT / 2 - 20)) \
           > "$OUT/precompile-conformance.log" 2>&1
-        PF_CUDA_CONFORMANCE_REPORT="$OUT/cuda-conformance.json" py tests/conformance/test_cuda_conformance.py \
-          > "$OUT/gpu-conformance.txt" 2>&1 ) & ;;
+        python3 -m pytest -q -m gpu -p no:cacheprovider --co tests/conformance/test_cuda_conformance.py 2>/dev/null \
+          | grep '::' > /tmp/conformance-ids.txt
+        n=${SHARDS:-6}
+        for k in $(seq 0 $((n - 1))); do
+          awk -v n=$n -v k=$k 'NR % n == k' /tmp/conformance-ids.txt > /tmp/conformance-ids-$k.txt
+          PF_CUDA_CONFORMANCE_REPORT="$OUT/cuda-conformance-$k.json" py $(cat /tmp/conformance-ids-$k.txt) \
+            > "$OUT/gpu-conformance-$k.txt" 2>&1 &
+        done
+        wait ) &
+      ;;
   esac
 done
 wait
+if ls "$OUT"/gpu-conformance-*.txt > /dev/null 2>&1; then   # one file each (the device returns few files)
+  for f in "$OUT"/gpu-conformance-*.txt; do echo "## $(basename $f)"; cat "$f"; done > "$OUT/gpu-conformance.txt"
+  cat "$OUT"/cuda-conformance-*.json.lines > "$OUT/cuda-conformance.jsonl" 2>/dev/null
+  rm -f "$OUT"/gpu-conformance-*.txt "$OUT"/cuda-conformance-*.json.lines
+  grep -h -E "passed|failed" "$OUT/gpu-conformance.txt" | grep -E "^[0-9]+ |in [0-9.]+s" 
+fi
 for f in "$OUT"/gpu-*.txt; do echo "== $(basename $f): $(tail -1 $f)"; grep -E "^(FAILED|ERROR)" "$f" | head -15; done
