@@ -262,7 +262,9 @@ class KernelLowering:
                      f"const int slot = i * {src.width // L} + c * {lay.vec} + v; {upd} }}"]
             m = L // 2
             while m >= 1:
-                lines.append(f"  acc = {comb.format(a='acc', b=self.r.shfl_xor('acc', m))};")
+                # the partner's value first: an integer max/min combine is a conditional
+                # expression, and a shuffle under it would run on only some lanes
+                lines.append(f"  {{ const {acct} o = {self.r.shfl_xor('acc', m)}; acc = {comb.format(a='acc', b='o')}; }}")
                 m //= 2
             lines += [f"  {self.ref(dst, 'i')} = acc;", "}"]
             return lines

@@ -23,3 +23,17 @@ def test_accumulator_type_follows_the_result(op, dtype):
         assert "float acc" in src and "long long acc" not in src
     else:
         assert "long long acc" in src and "float acc" not in src
+
+
+@pytest.mark.parametrize("op,dtype", [("ReduceMax", TensorProto.INT32), ("ReduceMin", TensorProto.UINT8),
+                                      ("ReduceMax", TensorProto.FLOAT)])
+def test_warp_shuffles_run_on_every_lane(op, dtype):
+    """An integer max is `a > b ? a : b`: a shuffle written as b would run only on the lanes
+    taking that branch (a full-mask shuffle on some lanes: wrong maxima on the GPU)."""
+    import re
+    plan = compile_model(_reduce(op, dtype), "cuda")
+    src = "\n".join(k.source for s in plan.kernel_steps for k in s.kernels)
+    shuffles = re.findall(r"[^\n]*__shfl_xor_sync[^\n]*", src)
+    assert shuffles
+    for line in shuffles:
+        assert re.match(r"\s*\{ const [\w ]+ o = __shfl_xor_sync\([^;]*\); acc = ", line), line
