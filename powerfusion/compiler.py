@@ -118,6 +118,8 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
         if isinstance(item, LibraryCall):
             steps.append(LibraryStep(item))
             continue
+        if item.outputs and all(_empty(graph, t) for t in item.outputs):
+            continue   # every output has no elements: nothing to compute (zero-size buffers stay unwritten)
         if progress:
             progress(f"subgraph {k + 1}/{len(part.steps)}: {item.name} ({len(item.nodes)} ops)")
         with timer("search"):
@@ -127,6 +129,10 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
                 step.kernels = renderer.render(step.gir)
         steps.append(step)
     return Plan(graph.name or "model", target, graph, part, steps, timer.seconds)
+
+
+def _empty(graph: BasicGraph, tensor: str) -> bool:
+    return any(int(d) == 0 for d in graph.tensors[tensor].shape)
 
 
 def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool, memo: dict) -> KernelStep:
