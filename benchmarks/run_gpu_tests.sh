@@ -37,7 +37,7 @@ wait
 if ls "$OUT"/gpu-conformance-*.txt > /dev/null 2>&1; then   # one file each (the device returns few files)
   for f in "$OUT"/gpu-conformance-*.txt; do echo "## $(basename $f)"; cat "$f"; done > "$OUT/gpu-conformance.txt"
   cat "$OUT"/cuda-conformance-*.json.lines > "$OUT/cuda-conformance.jsonl" 2>/dev/null
-  rm -f "$OUT"/gpu-conformance-*.txt "$OUT"/cuda-conformance-*.json.lines
+  rm -f "$OUT"/gpu-conformance-*.txt "$OUT"/cuda-conformance-*.json.lines "$OUT"/cuda-conformance-*.json
   grep -h -E "passed|failed" "$OUT/gpu-conformance.txt" | grep -E "^[0-9]+ |in [0-9.]+s" 
 fi
 for f in "$OUT"/gpu-*.txt; do echo "== $(basename $f): $(tail -1 $f)"; grep -E "^(FAILED|ERROR)" "$f" | head -15; done
