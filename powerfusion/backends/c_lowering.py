@@ -19,6 +19,7 @@ _COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "fmaxf({a}, {b})
 # integer and bool reductions accumulate exactly in 64-bit integers (a float accumulator
 # rounds sums above 2^24 and turns an empty max's -inf into true)
 _INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
+_BOOL_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "0LL", "min": "1LL"}
 _INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({b}) ? ({a}) : ({b}))",
                 "min": "(({a}) < ({b}) ? ({a}) : ({b}))"}
 
@@ -26,7 +27,9 @@ _INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({
 def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
     """(C type, identity, combine template) of a reduction's accumulator for `dtype`."""
     kind = "f" if dtype == "bfloat16" else np.dtype(dtype).kind
-    if kind in "iub":
+    if kind == "b":   # false/true bound a bool max/min (the int64 extremes would cast to true)
+        return "long long", _BOOL_IDENTITY[fn], _INT_COMBINE[fn]
+    if kind in "iu":
         return "long long", _INT_IDENTITY[fn], _INT_COMBINE[fn]
     if dtype == "float64":
         return "double", _IDENTITY[fn].replace("0f", "0"), _COMBINE[fn].replace("fmaxf", "fmax").replace("fminf", "fmin")
@@ -412,8 +415,8 @@ def _multiple_of(e: Expr, n: int) -> bool:
 
 def _fill_literal(x: float, dtype: str) -> str:
     from powerfusion.backends.c_renderer import c_float
-    if dtype == "bool":
-        return "true" if x else "false"
+    if dtype == "bool":   # a max's -inf pad is false, a min's +inf true
+        return "true" if x > 0 or (x != 0 and not np.isinf(x)) else "false"
     if dtype.startswith("int") or dtype.startswith("uint"):
         return str(int(x))
     return c_float(x)

@@ -6,12 +6,12 @@ from onnx import TensorProto, helper
 from powerfusion.compiler import compile_model
 
 
-def _reduce(op, dtype):
+def _reduce(op, dtype, opset=18):
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
     n = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)
     g = helper.make_graph([n], "g", [helper.make_tensor_value_info("x", dtype, [64, 300])],
                           [helper.make_tensor_value_info("y", dtype, [64])], [axes])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 @pytest.mark.parametrize("op,dtype", [("ReduceSum", TensorProto.INT64), ("ReduceMax", TensorProto.INT32),
@@ -37,3 +37,11 @@ def test_warp_shuffles_run_on_every_lane(op, dtype):
     assert shuffles
     for line in shuffles:
         assert re.match(r"\s*\{ const [\w ]+ o = __shfl_xor_sync\([^;]*\); acc = ", line), line
+
+
+@pytest.mark.parametrize("op,identity", [("ReduceMax", "0LL"), ("ReduceMin", "1LL")])
+def test_bool_max_min_start_from_false_true(op, identity):
+    """A bool max starts from false (the int64 minimum cast to bool is true); a min from true."""
+    plan = compile_model(_reduce(op, TensorProto.BOOL, opset=20), "cuda")   # bool max/min: opset 20
+    src = "\n".join(k.source for s in plan.kernel_steps for k in s.kernels)
+    assert f"long long acc = {identity};" in src

@@ -136,6 +136,11 @@ class CudaPlanRunner:
             if t.name in self.graph.constants:  # folded at import (Shape of a static tensor): no buffer
                 out[t.name] = np.array(self.graph.constants[t.name], dtype=np_dtype(np.dtype(t.dtype).name))
                 continue
+            if t.name not in self.tensors:   # no step writes it: an output without elements
+                if all(int(d) for d in t.shape):
+                    raise PowerFusionError(f"output '{t.name}' {tuple(t.shape)} is computed by no step of the plan")
+                out[t.name] = np.zeros(tuple(t.shape), dtype=np_dtype(np.dtype(t.dtype).name))
+                continue
             host = cupy.asnumpy(self.tensors[t.name])
             out[t.name] = host.view(np_dtype("bfloat16")) if np.dtype(t.dtype).name == "bfloat16" else host
         return out
