@@ -55,7 +55,7 @@ def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
     for s in plan.library_steps:
         for t in s.call.node.inputs:
             if t in g.constants:
-                np.save(out / f"const_{sanitize(t)}.npy", np.asarray(g.constants[t]))
+                _save(out / f"const_{sanitize(t)}.npy", np.asarray(g.constants[t]))
                 tensors[t]["file"] = f"const_{sanitize(t)}.npy"
     doc = {"version": 1, "model": plan.model, "target": plan.target, "tensors": tensors,
            "arena_bytes": bplan.arena_bytes, "steps": steps_json,
@@ -83,9 +83,23 @@ def _kernels_json(s: KernelStep, out: Path, extension: str) -> dict:
             entry = {"buffer": b.name, "elements": b.size, "dtype": b.dtype, "constant_file": None}
             if b.name in consts:
                 entry["constant_file"] = f"{sanitize(s.gir.name)}_{sanitize(b.name)}.npy"
-                np.save(out / entry["constant_file"], np.asarray(consts[b.name]))
+                _save(out / entry["constant_file"], np.asarray(consts[b.name]))
             scratch.append(entry)
     return {"kind": "kernels", "subgraph": s.name, "kernels": kernels, "scratch": scratch}
+
+
+def _save(path: Path, a: np.ndarray) -> None:
+    """np.save, unless the file already holds exactly this array (a recompile into the same
+    folder rewrote hundreds of MB of weights: reading them back from the page cache to compare
+    is several times faster than writing them)."""
+    if path.is_file():
+        try:
+            old = np.load(path, mmap_mode="r", allow_pickle=False)
+            if old.dtype == a.dtype and old.shape == a.shape and np.array_equal(old, a):
+                return
+        except (ValueError, OSError):   # unreadable or another format: rewrite it
+            pass
+    np.save(path, a)
 
 
 def _library_json(s: LibraryStep) -> dict:
