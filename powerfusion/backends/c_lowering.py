@@ -108,6 +108,7 @@ class KernelLowering:
         return f"{self.ident('r', s.buffer)}[{addr}]"
 
     def expr(self, e: Expr) -> str:
+        e = _simplified(self, e)   # index arithmetic folded under the ranges it runs in (gir/simplify.py)
         return render_c(e, {"u": "u", "i": "i", "j": "j"},
                         load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
 
@@ -456,3 +457,38 @@ def _floor_ops(op: str, a: str, b: str) -> str:
     """GIR's // and % round toward minus infinity; C's toward zero. Rewritten offsets can go
     negative, so the floored forms are used (one extra compare for a constant divisor)."""
     return f"pf_floordiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
+
+
+def _simplified(low: KernelLowering, e: Expr) -> Expr:
+    """`e` simplified where the kernel evaluates it: every expression under `unit_live` (u below
+    the unit count), i and j (and a streamed loop's row ri) below the kernel's largest num and
+    width. An expression that is the index or valid of its op's slices, in one context for all
+    of them, also gets that slice's num and width and its op's guard; an index also its slice's
+    valid (an address is used only where its slice is valid: a move selects or stores under it)."""
+    from powerfusion.gir.simplify import simplify
+    ctx = getattr(low, "_simplify_ctx", None)
+    if ctx is None:
+        slices = [(op, s) for op in low.ops for s in op.inputs + op.outputs]
+        num = max((s.num for _, s in slices), default=1)
+        width = max((s.width for _, s in slices), default=1)
+        kernel = {"u": (0, low.P.units), "i": (0, num), "ri": (0, num), "j": (0, width)}
+        seen: dict = {}
+        for op, s in slices:
+            local = {**kernel, "i": (0, s.num), "ri": (0, s.num), "j": (0, s.width)}
+            where = [c for c in (op.guard, s.valid) if c is not None]
+            seen.setdefault(s.index, set()).add((tuple(sorted(local.items())), tuple(where)))
+            if s.valid is not None:
+                under = (op.guard,) if op.guard is not None else ()
+                seen.setdefault(s.valid, set()).add((tuple(sorted(local.items())), under))
+        ctx = low._simplify_ctx = (kernel, {k: v.pop() for k, v in seen.items() if len(v) == 1}, {})
+    kernel, known, done = ctx
+    if e not in done:
+        if e not in known:
+            done[e] = simplify(e, kernel)
+        else:
+            local, where = known[e]
+            assume = None
+            for c in where:
+                assume = c if assume is None else BinOp("and", assume, c)
+            done[e] = simplify(e, dict(local), assume)
+    return done[e]
