@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call at the end of a session: the GPU tests (full CUDA conformance in shards,
+# One device call: the GPU tests (full CUDA conformance in shards,
 # committed models, streamed rows, 16-bit models, quantized sessions), then chosen benchmark
 # rows from plans precompiled elsewhere (build/plans). Few files come back: logs are merged.
 #   ROWS="channel_shuffle involution" bash benchmarks/run_final_device.sh
