@@ -48,7 +48,6 @@ def stream_segments(low) -> list | None:
     num, width = shapes.pop()
     if width % L:
         return None
-    runs: list[list[GOp]] = []
     segments: list = []
     for op in low.ops:
         if _streamable(low, op, num, width, long_tiles):
@@ -56,7 +55,6 @@ def stream_segments(low) -> list | None:
                 segments[-1].append(op)
             else:
                 segments.append([op])
-                runs.append(segments[-1])
         else:
             if any(s.buffer in long_tiles for s in op.inputs + op.outputs):
                 return None   # a long tile used outside a streamable op: keep the plain lowering
