@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, variables
+from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
@@ -22,6 +22,9 @@ _INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 
 _BOOL_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "0LL", "min": "1LL"}
 _INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({b}) ? ({a}) : ({b}))",
                 "min": "(({a}) < ({b}) ? ({a}) : ({b}))"}
+
+
+_U = U
 
 
 def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
@@ -358,15 +361,45 @@ class KernelLowering:
         big = max((self.graph.buffer(b).size for b in used), default=0) >= 2**31 - 1 or \
             self.P.units * self.r.lanes >= 2**31 - 1
         threads = self.P.units_per_group * self.r.lanes
+        units = self.live_units()
+        groups = -(-units // self.P.units_per_group)
         src = self.r.env.get_template("c_kernel.j2").render(
             header=self.r.header, graph_name=self.sanitize(self.graph.name), name=self.name,
             index_type="long long" if big else "int", kernel_prefix=self.r.kernel_prefix,
             launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
-            units_per_group=self.P.units_per_group, units=self.P.units, shared_bytes=self.shared_bytes,
+            units_per_group=self.P.units_per_group, units=units, shared_bytes=self.shared_bytes,
             declarations=decls, body=body)
         op_lines = _op_line_ranges(src)
-        return KernelSource(self.name, src, (self.P.groups, 1, 1), (threads, 1, 1), self.shared_bytes,
+        return KernelSource(self.name, src, (groups, 1, 1), (threads, 1, 1), self.shared_bytes,
                             tuple(plist), op_lines)
+
+
+    def live_units(self) -> int:
+        """Units this kernel needs: the largest bound on u that every gOperator's guard implies
+        (a kernel of a multi-kernel graph often works on a few units of the graph's grid, e.g. a
+        softmax over 48 rows after a GEMV over 196608; launching the rest as empty blocks costs
+        microseconds). The graph's unit count where some gOperator's guard does not bound u."""
+        bound = 0
+        for op in self.ops:
+            if isinstance(op.args, Sync):
+                continue
+            b = unit_bound(op.guard) if op.guard is not None else None
+            if b is None:
+                return self.P.units
+            bound = max(bound, min(b, self.P.units))
+        return max(bound, 1) if self.ops else self.P.units
+
+
+def unit_bound(guard: Expr) -> int | None:
+    """An exclusive upper bound on u implied by `guard` (a conjunction whose terms may be
+    `u < c` / `u <= c`), or None when it implies none."""
+    if isinstance(guard, BinOp):
+        if guard.op in ("lt", "le") and guard.a == _U and isinstance(guard.b, Const):
+            return guard.b.value + (guard.op == "le")
+        if guard.op == "and":
+            bounds = [b for b in (unit_bound(guard.a), unit_bound(guard.b)) if b is not None]
+            return min(bounds) if bounds else None
+    return None
 
 
 INSTRUCTIONS = {Move: KernelLowering._move, Elementwise: KernelLowering._elementwise,
