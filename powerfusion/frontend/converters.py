@@ -73,6 +73,7 @@ def convert_graph(model: onnx.ModelProto, arrays: dict | None = None) -> BasicGr
         if vi.name not in b.tensors and vi.name in consts:  # an output that folded to a constant
             b.constant(consts[vi.name], name=vi.name)
         outputs.append(b.tensors[vi.name])
+    _drop_dead_nodes(b, outputs)
     return BasicGraph(name=g.name or "model", inputs=[infos[vi.name] for vi in g.input], outputs=outputs,
                       tensors=b.tensors, constants=b.constants, nodes=b.nodes, opset=opset,
                       metadata={"producer": model.producer_name, "ir_version": model.ir_version})
@@ -131,3 +132,14 @@ def _dtype_reason(cx: NodeCtx) -> str | None:
 
 def _shapes(cx: NodeCtx):
     return [cx.inferred(n).shape if cx.inferred(n) else None for n in cx.node.input]
+
+
+def _drop_dead_nodes(b, outputs) -> None:
+    """Basic nodes no output depends on (a Transpose folded into a MatMul's trans flag)."""
+    live, keep = {t.name for t in outputs}, []
+    for n in reversed(b.nodes):
+        if any(o in live for o in n.outputs):
+            keep.append(n)
+            live.update(n.inputs)
+    if len(keep) < len(b.nodes):
+        b.nodes[:] = keep[::-1]

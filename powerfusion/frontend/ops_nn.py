@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from powerfusion.frontend.basic import Conv, MatMul, Window
+from powerfusion.frontend.basic import Conv, MatMul, Transpose, Window
 from powerfusion.frontend.builder import NodeCtx
 
 REDUCE = {"ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod", "ReduceMean": "mean",
@@ -188,6 +188,9 @@ def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None) 
         if len(sb) == 1:
             del shape[-1]
         return cx.reshape(r, shape, out=out)
+    a, trans_a = _swapped_source(cx, a, trans_a)
+    b, trans_b = _swapped_source(cx, b, trans_b)
+    sa, sb = list(cx.info(a).shape), list(cx.info(b).shape)
     m, k = (sa[-1], sa[-2]) if trans_a else (sa[-2], sa[-1])
     k2, n = (sb[-1], sb[-2]) if trans_b else (sb[-2], sb[-1])
     if k != k2:
@@ -197,6 +200,20 @@ def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None) 
     except ValueError:
         cx.fail(f"batch dimensions of {tuple(sa)} and {tuple(sb)} do not broadcast")
     return cx.emit(MatMul(trans_a, trans_b), [a, b], tuple(batch) + (m, n), cx.info(a).dtype, out)
+
+
+def _swapped_source(cx: NodeCtx, name: str, trans: bool) -> tuple[str, bool]:
+    """An operand made by a Transpose that swaps only the last two axes is read through the
+    MatMul's trans flag instead (k^T of attention): the GEMV templates then see K's own
+    layout, and the library call a transposed operand. The Transpose, left without
+    consumers, is dropped with the other dead nodes after conversion."""
+    node = next((n for n in reversed(cx.b.nodes) if name in n.outputs), None)
+    if node is None or not isinstance(node.op, Transpose):
+        return name, trans
+    perm, r = node.op.perm, len(node.op.perm)
+    if r < 2 or perm != tuple(range(r - 2)) + (r - 1, r - 2):
+        return name, trans
+    return node.inputs[0], not trans
 
 
 def convert_matmul(cx: NodeCtx):

@@ -425,23 +425,32 @@ def merge(plan: _Plan, parts) -> GIRGraph:
     buffers: dict[str, object] = {}
     ops: list[GOp] = []
     writes: dict[str, list] = {}   # buffer -> slices as written so far
-    for node, cand, g in parts:
-        for b in g.buffers:
-            old = buffers.setdefault(b.name, b)
-            if old != b:
-                raise LowerError(f"subgraph {sub.name}: buffer '{b.name}' declared differently by two templates "
-                                 f"({old} vs {b})")
-        mine = _guarded(g.ops, g.parallel.units, P.units)
-        for b in dict.fromkeys(plan.names[t] for t in node.inputs):
+    def syncs(node, mine, names):
+        for b in names:
             if b in writes:
                 reads = [s for op in mine if not isinstance(op.args, Sync) for s in op.inputs if s.buffer == b]
                 ops.append(GOp(Sync(Scope.DEVICE), tuple(writes[b]), tuple(reads), origin=f"merge:{node.name}"))
-        ops.extend(mine)
-        for op in mine:
-            if not isinstance(op.args, Sync):
-                for s in op.outputs:
-                    if s.level == Level.GLOBAL:
-                        writes.setdefault(s.buffer, []).append(s)
+
+    for before, (node, cand, g) in _sources_late(parts, graph.constants):
+        mine = _guarded(g.ops, g.parallel.units, P.units)
+        names = list(dict.fromkeys(plan.names[t] for t in node.inputs))
+        if before:   # the consumer's syncs on earlier kernels go before its late sources
+            syncs(node, mine, [b for b in names if b in writes])
+            names = [b for b in names if b not in writes]
+        for pnode, _, pg in before + [(node, cand, g)]:
+            for b in pg.buffers:
+                old = buffers.setdefault(b.name, b)
+                if old != b:
+                    raise LowerError(f"subgraph {sub.name}: buffer '{b.name}' declared differently by two "
+                                     f"templates ({old} vs {b})")
+            pmine = mine if pnode is node else _guarded(pg.ops, pg.parallel.units, P.units)
+            syncs(pnode, pmine, names if pnode is node else dict.fromkeys(plan.names[t] for t in pnode.inputs))
+            ops.extend(pmine)
+            for op in pmine:
+                if not isinstance(op.args, Sync):
+                    for s in op.outputs:
+                        if s.level == Level.GLOBAL:
+                            writes.setdefault(s.buffer, []).append(s)
     consts = [t for t in sub.inputs if t in graph.constants]
     inputs = tuple(dict.fromkeys(plan.names[t] for t in sub.inputs if t not in graph.constants))
     outputs = tuple(dict.fromkeys(plan.names[t] for t in sub.outputs))
@@ -450,6 +459,34 @@ def merge(plan: _Plan, parts) -> GIRGraph:
         buffers.setdefault(plan.names[t], _global_buffer(plan, t))
     templates = tuple((node.name, cand.label) for node, cand, _ in parts)
     return GIRGraph(sanitize(sub.name), P, tuple(buffers.values()), tuple(ops), inputs, outputs, constants, templates)
+
+
+def _sources_late(parts, constants) -> list[tuple[list, tuple]]:
+    """The parts as (late sources, part) in a topological order where an op reading only
+    constants (a scalar constant broadcast for a Mul) comes just before its first consumer,
+    after the consumer's DEVICE syncs, not where the ONNX order put it: placed early, it lands
+    in an earlier kernel and its tile goes through global memory."""
+    late: dict[str, tuple] = {}      # output tensor -> deferred part
+    out, placed = [], set()
+    for part in parts:
+        node = part[0]
+        if node.inputs and all(t in constants for t in node.inputs):
+            for t in node.outputs:
+                late[t] = part
+            continue
+        before = []
+        for t in node.inputs:
+            p = late.pop(t, None)
+            if p is not None and p[0].name not in placed:
+                before.append(p)
+                placed.add(p[0].name)
+        out.append((before, part))
+        placed.add(node.name)
+    for part in late.values():   # consumed by nothing inside: subgraph outputs
+        if part[0].name not in placed:
+            out.append(([], part))
+            placed.add(part[0].name)
+    return out
 
 
 def _global_buffer(plan: _Plan, t: str):

@@ -84,11 +84,13 @@ def predict_seconds(est: Estimate, target: TargetSpec | str) -> float:
     return est.launches * t.launch_s + max(est.memory_s, est.compute_s) + est.sync_s + est.latency_s
 
 
-def estimate(graph: GIRGraph, target: TargetSpec | str) -> Estimate:
+def estimate(graph: GIRGraph, target: TargetSpec | str, *, spills: bool = True) -> Estimate:
+    """spills=False leaves out the register-spill term (the search's optimistic bound: which
+    tiles end up live together depends on how rewriting splits kernels)."""
     t = get_target(target) if isinstance(target, str) else target
     total = Estimate()
     for ops in graph.kernels():
-        total = total + _kernel_estimate(graph, ops, t)
+        total = total + _kernel_estimate(graph, ops, t, spills)
     return total
 
 
@@ -159,7 +161,7 @@ def _shared_bytes(graph: GIRGraph, ops) -> int:
     return total
 
 
-def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Estimate:
+def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spills: bool = True) -> Estimate:
     lim = kernel_limits(graph, ops, t)
     if lim.infeasible:
         return Estimate(launches=1, infeasible=lim.infeasible)
@@ -179,7 +181,7 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> Es
     mem = t.memory
     spill = max(0, lim.regs_per_lane + (t.occupancy or _DEFAULT_OCC).reg_overhead
                 - (t.occupancy or _DEFAULT_OCC).max_regs_per_lane)
-    if spill and mem:
+    if spill and mem and spills:
         # spilled registers round-trip through local memory at about DRAM speed (measured on
         # H200: a 96-float-per-lane GELU chain spilling ran 6x slower than its fused traffic)
         active = max((len(_units(op, P)) for op in ops if not isinstance(op.args, Sync)), default=0)

@@ -316,7 +316,10 @@ def _renderer(t: TargetSpec):
 def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:
     """A cheap optimistic estimate of a plan before rewriting: as if every intermediate
     tensor stayed on chip -- only the accesses of the subgraph's interface buffers, every
-    sync gone, one kernel. Rewriting can only remove traffic, so this ranks plans by what
+    sync gone, one kernel, no register spills (which tiles are live together depends on how the
+    rewriting splits kernels; counted here, the spills of a whole subgraph's tiles in one kernel
+    made the bound of decode attention's plans 20-50x their rewritten prediction, so the beam
+    pruned every alternative). Rewriting can only remove traffic, so this ranks plans by what
     their parallel structure allows (occupancy, bytes in flight, coalescing)."""
     interface = set(merged.inputs) | set(merged.outputs) | {n for n, _ in merged.constants}
     keep = []
@@ -327,7 +330,7 @@ def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:
         if touches and not all(s.buffer in interface for s in touches):
             continue
         keep.append(op)
-    est = estimate(merged.with_ops(keep), t)
+    est = estimate(merged.with_ops(keep), t, spills=False)
     return predict_seconds(est, t)
 
 

@@ -5,6 +5,9 @@ broadcast-multiply-reduce. Both are a product of two operands over a space
 * `dot`: one unit per output element; lanes walk the reduced dims (num x W), reduce over
   num then width. Coalesced when both operands are contiguous along the reduction
   (x @ W^T with W stored [N, K], the q.K^T of attention).
+* `dot` with rows R > 1: a unit computes R consecutive outputs, one per segment, for short
+  reductions (at most DOT_ROWS_K warp-wide segments): R times the loads per lane in flight,
+  for decode attention's q.K^T (K = head size 64).
 * `cols`: lanes over W consecutive outputs along the last output dim, num = the reduction;
   reduce over num, no lane exchange. Coalesced when the second operand is contiguous along
   the output dim (x @ W with W stored [K, N], probs @ V).
@@ -27,9 +30,12 @@ class DotParams:
     style: str    # dot | cols
     vec: int = 1
     split: int = 1  # cols: units per output block, each summing a contiguous chunk of the reduction
+    rows: int = 1   # dot: consecutive outputs per unit (one warp-wide segment each)
 
 
 MAX_SPLIT = 512
+DOT_ROWS = (4, 8)
+DOT_ROWS_K = 4      # dot rows: at most this many warp-wide segments per output
 
 
 def _splits(Kn: int) -> list[int]:
@@ -65,7 +71,14 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     Kn = prod(pr.space[pr.n_out:])
     L = pr.space[pr.n_out - 1] if pr.n_out else 1
     dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L)
-    points = [DotParams("dot", v) for v in dot_v] + [DotParams("cols", v) for v in col_v]
+    n_outputs = prod(pr.space[:pr.n_out])
+    # several outputs per unit only where that still leaves a unit per warp slot of the device
+    rows = [DotParams("dot", v, rows=r) for v in dot_v if Kn % (ctx.lanes * v) == 0 and Kn <= DOT_ROWS_K * ctx.lanes * v
+            for r in DOT_ROWS if n_outputs >= r * ctx.target.groups_concurrent * ctx.upg]
+    # first: the lowering's default descent starts from the first candidate, and a unit of
+    # several short dots beats one dot per unit wherever it is offered
+    points = sorted(rows, key=lambda q: (-q.rows, -q.vec)) + [DotParams("dot", v) for v in dot_v] + \
+        [DotParams("cols", v) for v in col_v]
     splits = _splits(Kn)
     if splits and Kn > 2048:   # unsplit cols would hold the whole reduction per lane: split only
         points = [q for q in points if q.style != "cols"]
@@ -86,7 +99,13 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
     W = ctx.lanes * p.vec
     em = Emitter(ctx)
     acc = reg_dtype(ctx.tensors[y].dtype)
-    if p.style == "dot":
+    if p.style == "dot" and p.rows > 1:
+        n_total, num = prod(shape[:n_out]), p.rows
+        out_index = U * num + I
+        out_tail = out_index.lt(n_total) if n_total % num else None
+        units, out_w = -(-n_total // num), 1
+        seen = _dot_rows(em, pr, shape, out_dims, red_dims, out_index, out_tail, num, W, p.vec, acc)
+    elif p.style == "dot":
         num = max(1, -(-Kn // W))
         k = I * W + J
         pieces = [(U, out_dims), (k, red_dims)]
@@ -106,17 +125,18 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
         out_tail = lane.lt(L) if L % W else None
         tail = and_(out_tail, k.lt(Kn) if num * S != Kn else None)
         units, out_index, out_w = prod(shape[:n_out - 1]) * nch * S, (ub // nch) * L + lane, W
-    ra = load(em, pr.a, pieces, shape, num, W, p.vec, tail, "a")
-    rb = load(em, pr.b, pieces, shape, num, W, p.vec, tail, "b")
-    prod_r = em.reg("prod", num, W, acc, p.vec)
-    em.op(Elementwise("mul"), [ra, rb], [prod_r])
-    seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, num, W, W, acc, p.vec, tail)
-    if num > 1:
+    if p.rows == 1:
+        ra = load(em, pr.a, pieces, shape, num, W, p.vec, tail, "a")
+        rb = load(em, pr.b, pieces, shape, num, W, p.vec, tail, "b")
+        prod_r = em.reg("prod", num, W, acc, p.vec)
+        em.op(Elementwise("mul"), [ra, rb], [prod_r])
+        seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, num, W, W, acc, p.vec, tail)
+    if num > 1 and p.rows == 1:
         part = em.reg("part", 1, W, acc, p.vec)
         em.op(Reduce("sum", "num"), [seen], [part])
         seen = part
     if p.style == "dot":
-        s = em.reg("sum", 1, 1, acc)
+        s = em.reg("sum", p.rows, 1, acc)
         em.op(Reduce("sum", "width"), [seen], [s])
         seen = s
     if p.style == "cols" and p.split > 1:
@@ -143,15 +163,35 @@ def _build(prod_fn, template, ctx: Ctx, p: DotParams):
     else:
         guard = None
     if pr.bias is not None:
-        bias_pieces = [(U, out_dims)] if p.style == "dot" else pieces[:2]
-        rbias = load(em, pr.bias, bias_pieces, shape[:n_out], 1, out_w, p.vec if out_w > 1 else 1, out_tail, "bias",
-                     guard)
-        tot = em.reg("out", 1, out_w, acc, p.vec if out_w > 1 else 1)
+        bias_pieces = [(out_index, out_dims)] if p.style == "dot" else pieces[:2]
+        rbias = load(em, pr.bias, bias_pieces, shape[:n_out], p.rows, out_w, p.vec if out_w > 1 else 1, out_tail,
+                     "bias", guard)
+        tot = em.reg("out", p.rows, out_w, acc, p.vec if out_w > 1 else 1)
         em.op(Elementwise("add"), [seen, rbias], [tot], guard)
         seen = tot
     vec = p.vec if out_w > 1 else 1
-    em.op(Move(), [seen], [em.gslice(y, out_index, 1, out_w, vec, out_tail)], guard)
+    em.op(Move(), [seen], [em.gslice(y, out_index, p.rows, out_w, vec, out_tail)], guard)
     return em.graph(Parallel(max(units, 1), ctx.upg, ctx.lanes), template)
+
+
+def _dot_rows(em: Emitter, pr: Product, shape, out_dims, red_dims, out_index, out_tail, num, W, vec, acc):
+    """`num` outputs per unit, segment i of the tile = output U*num + i; a reduction of
+    segs x W elements is loaded as segs separate num x W tiles whose products are added
+    (whole register buffers only), then each row is summed across the lanes."""
+    segs = prod([shape[d] for d in red_dims]) // W
+    seen = None
+    for sg in range(segs):
+        pieces = [(out_index, out_dims), (J + sg * W, red_dims)]
+        ra = load(em, pr.a, pieces, shape, num, W, vec, out_tail, f"a{sg}")
+        rb = load(em, pr.b, pieces, shape, num, W, vec, out_tail, f"b{sg}")
+        prod_r = em.reg(f"prod{sg}", num, W, acc, vec)
+        em.op(Elementwise("mul"), [ra, rb], [prod_r])
+        if seen is not None:
+            tot = em.reg(f"acc{sg}", num, W, acc, vec)
+            em.op(Elementwise("add"), [seen, prod_r], [tot])
+            prod_r = tot
+        seen = prod_r
+    return MemorySlice.strided(seen.buffer, Level.REGISTER, 0, num, W, W, acc, vec, out_tail)
 
 
 # ---- MatMul ----------------------------------------------------------------------------

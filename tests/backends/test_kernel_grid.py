@@ -66,3 +66,22 @@ def test_decode_attention_with_per_kernel_grids_matches_numpy():
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)   # fp32, sums of 256 terms
+
+
+def test_transpose_of_k_folds_into_the_matmul_and_the_scale_stays_in_registers():
+    """k^T is read through MatMul(trans_b) (no Transpose node), and the scalar scale's
+    broadcast is placed after the q.K^T kernel's sync, next to its Mul, so no kernel writes it
+    to global memory."""
+    from powerfusion.compiler import compile_model
+    from powerfusion.frontend import basic as B
+    from powerfusion.gir.ir import Level
+    plan = compile_model(_attention(), "cuda")
+    nodes = plan.graph.nodes
+    assert not any(isinstance(n.op, B.Transpose) for n in nodes)
+    assert [n.op.trans_b for n in nodes if isinstance(n.op, B.MatMul)] == [True, False]
+    scale = {n.name for n in nodes if isinstance(n.op, B.Broadcast) and n.inputs[0] in plan.graph.constants}
+    assert scale
+    for step in plan.kernel_steps:
+        for op in step.gir.ops:
+            if op.origin in scale:
+                assert all(s.level != Level.GLOBAL for s in op.outputs), op.describe()

@@ -135,6 +135,13 @@ def test_matmul_gemv(a, b, trans_b):
         assert "matmul.cols" in {c.name for c in cands}
 
 
+@pytest.mark.parametrize("t", [2200, 2201])   # 2201: the last unit's rows run past the outputs
+def test_matmul_dot_rows_for_short_reductions(t):
+    """q.K^T of decode attention (K = 64 = lanes x 2): units of several outputs are offered."""
+    cands = check_node_candidates(one(B.MatMul(False, True), [(1, 12, 1, 64), (1, 12, t, 64)]))
+    assert {c.params.rows for c in cands if c.name == "matmul.dot"} >= {1, 4, 8}
+
+
 def test_matmul_trans_a():
     check_node_candidates(one(B.MatMul(True, False), [(40, 1), (40, 24)]))
 
