@@ -198,6 +198,11 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
             best, rejected_run = min(best, c.predicted), 0
         bar.step()
     bar.done()
+    polished = 0
+    if math.isfinite(best) and (budget_s is None or spent + slowest <= budget_s):
+        spent, extra, polished = _polish(sub, graph, t, ctx, cands, spent, slowest, budget_s,
+                                         min(POLISH_REWRITES, beam - 1))
+        rewritten, pruned = rewritten + extra, pruned + polished - extra
     valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
     budget_note = "" if not unsearched else (
         f"time budget: rewrote {rewritten} of {len(cands)} lowered plans in {spent:.1f} CPU-s (slowest "
@@ -221,8 +226,66 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     ranked = tuple(RankedPlan(c.labels, c.predicted, measured.get(id(c)), len(c.optimised.kernels()))
                    for c in top)
     return PlanChoice(win.optimised, win.merged, win.trace, win.predicted, measured.get(id(win)), win.estimate,
-                      len(plans), rewritten, pruned, infeasible, ranked, labels=win.labels,
+                      len(plans) + polished, rewritten, pruned, infeasible, ranked, labels=win.labels,
                       note=(budget_note + note)[:700].rstrip("; "), unsearched=unsearched)
+
+
+POLISH_REWRITES = 6   # extra rewrites per subgraph for the anchor polish
+ANCHORS = ("MatMul", "Reduce", "Conv")
+
+
+def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float, budget_s,
+            limit: int) -> tuple[float, int, int]:
+    """One sweep of coordinate descent around the best plan over its anchor ops (MatMul,
+    Reduce, Conv: the ops whose template fixes a kernel's parallel structure): each other
+    candidate of one anchor, the other anchors kept, the remaining ops re-matched around
+    them. enumerate_plans varies one op at a time from the default, so the best pairing of
+    two anchors' choices (decode attention's q.K^T with its probs.V) is often not among its
+    plans. Alternatives go in bound order, at most `limit` rewrites, within the time budget.
+    Returns (CPU seconds spent so far, rewrites done, plans it lowered)."""
+    from powerfusion.gir.lower import LowerError, lower_subgraph
+    valid = [c for c in cands if c.optimised is not None and not c.note]
+    if not valid or limit < 1:
+        return spent, 0, 0
+    best = min(valid, key=lambda c: c.predicted)
+    labels = dict(best.merged.templates)
+    anchors = {}
+    for n in ctx.nodes:
+        if type(n.op).__name__ in ANCHORS:
+            chosen = next((c for c in ctx.candidates(n) if c.label == labels.get(n.name)), None)
+            if chosen is None:
+                return spent, 0, 0
+            anchors[n.name] = (n, chosen)
+    seen = {c.labels for c in cands} | {tuple(label for _, label in c.merged.templates) for c in cands}
+    trials = []
+    for name, (n, chosen) in anchors.items():
+        for alt in ctx.candidates(n):
+            if alt.label == chosen.label:
+                continue
+            fixed = {k: (alt if k == name else c) for k, (_, c) in anchors.items()}
+            try:
+                merged = lower_subgraph(sub, graph, fixed, t, ctx=ctx)
+            except LowerError:
+                continue
+            key = tuple(label for _, label in merged.templates)
+            if key in seen:
+                continue
+            seen.add(key)
+            trials.append(_Cand(fixed, key, merged, optimistic_seconds(merged, t)))
+    done = 0
+    for c in sorted(trials, key=lambda c: c.bound):
+        if done >= limit or c.bound >= best.predicted:
+            break
+        if budget_s is not None and spent + slowest > budget_s:
+            break
+        t1 = time.process_time()
+        _evaluate(c, t)
+        spent, slowest = spent + time.process_time() - t1, max(slowest, time.process_time() - t1)
+        done += 1
+        cands.append(c)
+        if not c.note and c.predicted < best.predicted:
+            best = c
+    return spent, done, len(trials)
 
 
 def _feasible_merged(cands: list[_Cand], t: TargetSpec) -> list[_Cand]:

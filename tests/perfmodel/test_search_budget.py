@@ -56,7 +56,8 @@ def test_no_budget_searches_as_before(layernorm, cache):
     free = choose_plan(sub, graph, H100, limit=8, beam=3, cache=False, budget_s=None)
     big = choose_plan(sub, graph, H100, limit=8, beam=3, cache=False, budget_s=1e9)
     assert free.unsearched == big.unsearched == 0 and "time budget" not in free.note
-    assert free.rewritten == big.rewritten == 3
+    # the beam's 3, then at most beam - 1 rewrites of the anchor polish
+    assert free.rewritten == big.rewritten and 3 <= free.rewritten <= 3 + min(search.POLISH_REWRITES, 2)
     assert free.labels == big.labels and free.predicted_s == big.predicted_s
 
 
@@ -78,5 +79,5 @@ def test_a_cut_short_decision_is_not_reused_without_a_budget(layernorm, cache):
     again = choose_plan(sub, graph, H100, limit=8, beam=3, budget_s=0)
     assert again.source == "memo" and again.unsearched == cut.unsearched and "time budget" in again.note
     full = choose_plan(sub, graph, H100, limit=8, beam=3, budget_s=None)
-    assert full.source == "search" and full.unsearched == 0 and full.rewritten == 3
+    assert full.source == "search" and full.unsearched == 0 and full.rewritten >= 3
     assert choose_plan(sub, graph, H100, limit=8, beam=3, budget_s=None).source == "memo"
