@@ -201,6 +201,11 @@ class NodeCtx:
 
     def transpose(self, name: str, perm, out: str | None = None) -> str:
         shape = self.info(name).shape
+        if sorted(perm) != list(range(len(shape))):
+            self.fail(f"perm {list(perm)} is not a permutation of the {len(shape)} axes of {shape}")
+        moved = [p for p in perm if shape[p] != 1]
+        if moved == sorted(moved):   # only extent-1 axes move: the same bytes in the same order
+            return self.reshape(name, tuple(shape[p] for p in perm), out=out)
         return self.emit(Transpose(tuple(perm)), [name], tuple(shape[p] for p in perm), self.info(name).dtype, out)
 
     def alias(self, name: str, out: str) -> str:
