@@ -120,7 +120,7 @@ def decode_attention(H, T, D):
 HELD_OUT = ("layernorm_256x1024", "softmax_128x512", "transpose_256x1024", "rmsnorm_64x2048", "add_relu_mul_2M",
             "channel_shuffle_58x56x56")
 
-CASES = {  # sizes keep lowering and rewriting every plan affordable on a small CPU
+CASES = {  # small sizes keep lowering and rewriting every plan affordable on a small CPU
     "layernorm_128x768": lambda: layernorm(128, 768),
     "layernorm_16x4096": lambda: layernorm(16, 4096),
     "layernorm_512x128": lambda: layernorm(512, 128),
@@ -140,6 +140,13 @@ CASES = {  # sizes keep lowering and rewriting every plan affordable on a small 
     "rmsnorm_64x2048": lambda: rmsnorm(64, 2048),
     "add_relu_mul_2M": lambda: add_relu_mul(1 << 21),
     "channel_shuffle_58x56x56": lambda: channel_shuffle(58, 56, 56),
+    # benchmark sizes (gir_cases.py): long rows that stream, few long rows, GEMVs over a KV cache
+    "big_rmsnorm_8192x16384": lambda: rmsnorm(8192, 16384),
+    "big_layernorm_4096x65536": lambda: layernorm(4096, 65536),
+    "big_softmax_32768x1024": lambda: softmax(32768, 1024),
+    "big_gelu_8192x3072": lambda: gelu_chain(8192 * 3072),
+    "big_decode_attention_48x16384x64": lambda: decode_attention(48, 16384, 64),
+    "big_decode_attention_48x4096x64": lambda: decode_attention(48, 4096, 64),
 }
 
 
