@@ -20,7 +20,9 @@ from powerfusion.gir.expr import Var, substitute
 from powerfusion.gir.ir import Broadcast, Elementwise, GOp, Level, MemorySlice, Move, Reduce
 
 STREAM_SLOTS = 256   # per-lane slots of a tile from which its rows are streamed
-UNROLL = 4           # rows per unrolled step of a streamed loop (loads in flight per lane)
+UNROLL = 4           # rows per unrolled step of a streamed loop, at least (loads in flight per lane)
+IN_FLIGHT = 32       # slots per lane a streamed loop's unrolled step aims to load: a narrow row
+                     # (one slot per lane: a split-K finisher over 512 partials) unrolls further
 
 
 @dataclass(frozen=True)
@@ -177,5 +179,6 @@ def render_run(low, run: Run) -> list[str]:
             continue
         body += [f"// gop {op.uid}: {op.describe()} (row ri)", *INSTRUCTIONS[type(op.args)](low, view)]
     decls = [f"{low.r.ctype[low.graph.buffer(b).dtype]} {low.ident('r', b)}[{per}];" for b in sorted(run.local)]
-    return [*pre, f"#pragma unroll {UNROLL}", f"for (int ri = 0; ri < {run.num}; ++ri) {{",
+    unroll = max(UNROLL, min(IN_FLIGHT // max(1, per), run.num))
+    return [*pre, f"#pragma unroll {unroll}", f"for (int ri = 0; ri < {run.num}; ++ri) {{",
             *["  " + d for d in decls], *["  " + x for x in body], "}", *post]
