@@ -318,7 +318,7 @@ def _per_row(c: Candidate) -> int | None:
     if getattr(p, "kind", None) == "rows":
         return p.per_row
     style = getattr(p, "style", None)
-    return {"row_warp": 1, "block": c.ctx.upg}.get(style)
+    return {"row_warp": 1, "block": getattr(p, "group", 0) or c.ctx.upg}.get(style)
 
 
 def _family_score(c: Candidate, family: tuple) -> int:

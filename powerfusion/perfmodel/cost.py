@@ -85,8 +85,9 @@ def predict_seconds(est: Estimate, target: TargetSpec | str) -> float:
 
 
 def estimate(graph: GIRGraph, target: TargetSpec | str, *, spills: bool = True) -> Estimate:
-    """spills=False leaves out the register-spill term (the search's optimistic bound: which
-    tiles end up live together depends on how rewriting splits kernels)."""
+    """spills=False leaves out the register-spill term and caps registers per lane at a streamed
+    kernel's (the search's optimistic bound: which tiles end up live together, and whether
+    they stream, depends on how rewriting splits kernels)."""
     t = get_target(target) if isinstance(target, str) else target
     total = Estimate()
     for ops in graph.kernels():
@@ -105,9 +106,11 @@ class KernelLimits:
     infeasible: str = ""
 
 
-def kernel_limits(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> KernelLimits:
+def kernel_limits(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, regs: int | None = None) -> KernelLimits:
+    """`regs`: registers per lane when known otherwise (a streamed kernel's, see _streamed)."""
     P, occ = graph.parallel, t.occupancy or _DEFAULT_OCC
-    regs, shared = _registers_per_lane(graph, ops, P.lanes), _shared_bytes(graph, ops)
+    shared = _shared_bytes(graph, ops)
+    regs = _registers_per_lane(graph, ops, P.lanes) if regs is None else regs
     if shared > occ.shared_per_group_max:
         return KernelLimits(regs, shared, 0, "shared", f"{shared} B shared memory per group > "
                             f"{occ.shared_per_group_max} B on {t.name}")
@@ -161,16 +164,49 @@ def _shared_bytes(graph: GIRGraph, ops) -> int:
     return total
 
 
+STREAMED_REGS = 64   # registers per lane of a streamed kernel (measured 32-62 on sm_90)
+
+
+def _streamed(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> list[GOp] | None:
+    """The ops as the C renderers will execute them when they stream the kernel's long tiles
+    (backends/c_streaming.py): the rows' recomputing loads appear again in each later loop
+    (another pass over the input), and no tile is whole in registers. None when the kernel is
+    not streamed (or the target has no C renderer)."""
+    if t.backend not in ("cuda", "hip"):
+        return None
+    from powerfusion.backends.c_streaming import STREAM_SLOTS, Run, stream_segments
+    if _registers_per_lane(graph, ops, graph.parallel.lanes) < STREAM_SLOTS:
+        return None
+    from powerfusion.backends.c_lowering import KernelLowering
+    if t.backend == "cuda":
+        from powerfusion.backends.cuda.renderer import CUDARenderer as R
+    else:
+        from powerfusion.backends.hip.renderer import HIPRenderer as R
+    try:
+        segs = stream_segments(KernelLowering(R(), graph, ops, "cost"))
+    except Exception:   # a layout the renderer rejects: the search's feasibility check says so
+        return None
+    if segs is None:
+        return None
+    return [o for seg in segs for o in (seg.ops if isinstance(seg, Run) else (seg,))]
+
+
 def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spills: bool = True) -> Estimate:
-    lim = kernel_limits(graph, ops, t)
+    streamed = _streamed(graph, ops, t) if spills else None
+    regs = None
+    if streamed is not None:
+        regs = STREAMED_REGS
+    elif not spills:   # the optimistic bound: long tiles may end up streamed or split over kernels
+        regs = min(_registers_per_lane(graph, ops, graph.parallel.lanes), STREAMED_REGS)
+    lim = kernel_limits(graph, ops, t, regs)
     if lim.infeasible:
         return Estimate(launches=1, infeasible=lim.infeasible)
     P = graph.parallel
-    est = Estimate(launches=1, limits=(f"occupancy:{lim.limited_by}",))
+    est = Estimate(launches=1, limits=(f"occupancy:{lim.limited_by}",) + (("streamed",) if streamed else ()))
     read_so_far: dict[str, float] = {}
     written: set[str] = set()
     phases, pending_sync = 1, False
-    for op in ops:
+    for op in (streamed if streamed is not None else ops):
         if isinstance(op.args, Sync):
             est = est + _sync_estimate(op, graph, lim, t)
             pending_sync = pending_sync or op.args.scope >= 1
@@ -181,7 +217,7 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spill
     mem = t.memory
     spill = max(0, lim.regs_per_lane + (t.occupancy or _DEFAULT_OCC).reg_overhead
                 - (t.occupancy or _DEFAULT_OCC).max_regs_per_lane)
-    if spill and mem and spills:
+    if spill and mem and spills and streamed is None:
         # spilled registers round-trip through local memory at about DRAM speed (measured on
         # H200: a 96-float-per-lane GELU chain spilling ran 6x slower than its fused traffic)
         active = max((len(_units(op, P)) for op in ops if not isinstance(op.args, Sync)), default=0)

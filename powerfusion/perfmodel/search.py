@@ -167,7 +167,8 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     bar = _Progress(len(cands), sub.name, progress)
     # the default choice (plans[0], matched for fusion by the lowering) is always rewritten first,
     # so a run of rejected alternatives cannot leave the subgraph unfused
-    order = sorted(range(len(cands)), key=lambda k: (k != 0, cands[k].bound, k))
+    # bounds within BOUND_TIE of each other keep the enumeration order (family descents first)
+    order = sorted(range(len(cands)), key=lambda k: (k != 0, _bucket(cands[k].bound), k))
     best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
     spent, slowest, unsearched = 0.0, 0.0, 0
     for rank, k in enumerate(order):
@@ -288,6 +289,15 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
     return spent, done, len(trials)
 
 
+BOUND_TIE = 0.02   # relative: bounds closer than this rank as equal
+
+
+def _bucket(bound: float) -> float:
+    if not math.isfinite(bound) or bound <= 0:
+        return bound
+    return math.floor(math.log(bound) / math.log1p(BOUND_TIE))
+
+
 def _feasible_merged(cands: list[_Cand], t: TargetSpec) -> list[_Cand]:
     """The first TOP_K feasible merged plans by predicted time (marked as running unrewritten).
 
@@ -379,19 +389,24 @@ def _renderer(t: TargetSpec):
 def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:
     """A cheap optimistic estimate of a plan before rewriting: as if every intermediate
     tensor stayed on chip -- only the accesses of the subgraph's interface buffers, every
-    sync gone, one kernel, no register spills (which tiles are live together depends on how the
+    sync gone, one kernel, identical tile loads counted once, no register spills (which tiles are live together depends on how the
     rewriting splits kernels; counted here, the spills of a whole subgraph's tiles in one kernel
     made the bound of decode attention's plans 20-50x their rewritten prediction, so the beam
     pruned every alternative). Rewriting can only remove traffic, so this ranks plans by what
     their parallel structure allows (occupancy, bytes in flight, coalescing)."""
     interface = set(merged.inputs) | set(merged.outputs) | {n for n, _ in merged.constants}
-    keep = []
+    keep, loaded = [], set()
     for op in merged.ops:
         if isinstance(op.args, Sync):
             continue
         touches = [s for s in op.inputs + op.outputs if s.level == Level.GLOBAL]
         if touches and not all(s.buffer in interface for s in touches):
             continue
+        reads = tuple(s for s in op.inputs if s.level == Level.GLOBAL)
+        if reads and not op.outputs[0].level == Level.GLOBAL:
+            if reads in loaded:   # the same tile loaded again by another basic op: rewriting merges them
+                continue
+            loaded.add(reads)
         keep.append(op)
     est = estimate(merged.with_ops(keep), t, spills=False)
     return predict_seconds(est, t)

@@ -19,6 +19,8 @@ from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, 
 
 
 LONG_ROW = 1024   # elements: rows from this long are also offered split over a group's units
+WIDE_ROW = 8192   # elements: rows from this long are also offered split over WIDE_GROUP units
+WIDE_GROUP = 16   # units of a wide group (reduce.block's wide form): a row of 16384 is 32 fp32 per lane
 
 
 @dataclass(frozen=True)
@@ -136,11 +138,12 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
 
 
 def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=("rows", "chunk", "cyclic"),
-                splits: Sequence[int] | None = None, group: int = 1) -> list[TileParams]:
+                splits: Sequence[int] | None = None, group: int = 1, wide: bool = False) -> list[TileParams]:
     """The parameter space of a map over `shape`: rows over the trailing 1..rank-1 dims
     (innermost first, so row-per-unit patterns line up with reductions), chunks and grid-stride.
     Long rows (and one-element rows, a reduction's result) also come split over the `group`
-    units of a group, matching reduce.block: a row too long for one unit's registers."""
+    units of a group, matching reduce.block: a row too long for one unit's registers. Rows
+    from WIDE_ROW elements (and, with `wide`, one-element rows) also over WIDE_GROUP units."""
     rank = len(shape)
     out: list[TileParams] = []
 
@@ -151,6 +154,8 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
         out.append(TileParams("rows", 1, split=s))
         if group > 1:
             out.append(TileParams("rows", 1, split=s, per_row=group))
+            if wide:
+                out.append(TileParams("rows", 1, split=s, per_row=WIDE_GROUP))
     if "rows" in kinds:
         order = list(splits if splits is not None else range(rank - 1, 0, -1))
         # rows that occupy at least half the lanes first (innermost first), then the rest
@@ -160,6 +165,8 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
                 out += [TileParams("rows", v, split=s) for v in vsets(prod(shape[s:]))]
                 if group > 1 and prod(shape[s:]) >= LONG_ROW:
                     out += [TileParams("rows", v, split=s, per_row=group) for v in vsets(prod(shape[s:]))]
+                if group > 1 and prod(shape[s:]) >= WIDE_ROW:
+                    out += [TileParams("rows", v, split=s, per_row=WIDE_GROUP) for v in vsets(prod(shape[s:]))]
     n = prod(shape)
     for v in vsets(n):
         if "chunk" in kinds:

@@ -15,7 +15,7 @@ def _offer(ctx: Ctx, name: str, parts_fn, space, tensors, kinds=("rows", "chunk"
     """Candidates for every feasible tiling of `space` (infeasible points are dropped)."""
     hint = ctx.target.groups_concurrent * ctx.upg * 4
     out = []
-    for tp in map_tilings(space, vecs_for(ctx, tensors), ctx.lanes, hint, kinds, splits, ctx.upg):
+    for tp in map_tilings(space, vecs_for(ctx, tensors), ctx.lanes, hint, kinds, splits, ctx.upg, wide=True):
         c = Candidate(f"{name}.{tp.kind}", tp, ctx, partial(_build, parts_fn, f"{name}.{tp.kind}"))
         if builds(c):
             out.append(c)

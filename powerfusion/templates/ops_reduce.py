@@ -6,7 +6,8 @@ flat index) by reduced positions k (the reduced dims), any axes:
 * `cols`: lanes over W consecutive rows, num = K: reduce over num only (no exchange);
   coalesced when the reduced axes are not innermost (the transposed layout).
 * `block`: G units (one group) per row; partials through SHARED, a BLOCK sync, the
-  group's first unit finishes.
+  group's first unit finishes. G is the context's group size, or WIDE_GROUP for rows from
+  WIDE_ROW elements (fewer slots per lane: no streaming, the row read once).
 * `grid`: S units per row in different groups; partials to a GLOBAL scratch buffer,
   a DEVICE sync (a second kernel), R units finish.
 Register tiles that hold padded elements carry the load's `valid`, so reductions skip them.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
+from powerfusion.templates.maps import WIDE_GROUP, WIDE_ROW
 from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
                                           reg_dtype, view_index)
 
@@ -27,6 +29,7 @@ class ReduceParams:
     style: str       # row_warp | cols | block | grid
     vec: int = 1
     split: int = 1   # grid: units per row
+    group: int = 0   # block: units per row (0: the context's group size)
 
 
 def _geometry(ctx: Ctx):
@@ -51,6 +54,8 @@ def reduce(ctx: Ctx) -> list[Candidate]:
     pts += (row + cols) if inner or R == 1 else (cols + row)
     if ctx.upg > 1:
         pts += [ReduceParams("block", v) for v in (vecs[0], 1) if K % v == 0]
+        if K >= WIDE_ROW:   # a wide group: a row of 16384 is 32 fp32 per lane instead of 128
+            pts += [ReduceParams("block", v, group=WIDE_GROUP) for v in (vecs[0], 1) if K % v == 0]
     pts += [ReduceParams("grid", 1, s) for s in (2, 8)]
     out, seen = [], set()
     for p in pts:
@@ -116,7 +121,7 @@ def _build(ctx: Ctx, p: ReduceParams):
         return em.graph(Parallel(-(-R // W), ctx.upg, ctx.lanes), "reduce.cols")
 
     if p.style == "block":
-        G = ctx.upg
+        G = p.group or ctx.upg
         num = max(1, -(-K // (G * W)))
         s = to_scalar(rows_load(U // G, (I * G + U % G) * W + J, num, num * G * W))
         shared = em.local("partials", Level.SHARED, G, acc)

@@ -88,6 +88,19 @@ def test_reduce_low_precision(dtype):
     check_node_candidates(one(B.Reduce("sum", (1,), True), [(5, 130)], dtype))
 
 
+def test_reduce_wide_block_for_long_rows():
+    """Rows from WIDE_ROW elements also get a block of WIDE_GROUP units (16384 elements: 32 per
+    lane), with the rows maps to match."""
+    from powerfusion.templates.maps import WIDE_GROUP, WIDE_ROW
+    cands = check_node_candidates(one(B.Reduce("sum", (1,), True), [(3, WIDE_ROW + 100)]))
+    wide = [c for c in cands if c.name == "reduce.block" and c.params.group == WIDE_GROUP]
+    assert wide and all(c.build().parallel.units_per_group == WIDE_GROUP for c in wide)
+    short = check_node_candidates(one(B.Reduce("sum", (1,), True), [(3, 1000)]))
+    assert not any(c.params.group for c in short if c.name == "reduce.block")
+    maps = check_node_candidates(one(B.Elementwise("exp"), [(2, WIDE_ROW)]))
+    assert any(getattr(c.params, "per_row", 1) == WIDE_GROUP for c in maps)
+
+
 def test_reduce_min_prod():
     check_node_candidates(one(B.Reduce("min", (1,), True), [(5, 77)]))
     check_node_candidates(one(B.Reduce("prod", (0,), False), [(6, 9)], seed=3))
