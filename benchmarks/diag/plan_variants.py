@@ -1,0 +1,90 @@
+"""Every enumerated plan of benchmark cases, predicted and timed (a diagnostic: which template
+family is fastest on the device, and does the model agree).
+
+    PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py prepare rmsnorm_32768x256-bfloat16,... OUT.pkl [LIMIT]
+    PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py run OUT.pkl          # on the GPU
+
+Keys are gir_cases names with the dtype (precompile.case_key). Timing: CUDA-graph replay with
+inputs rotated past the L2 (perfmodel.tune.time_graph).
+"""
+from __future__ import annotations
+
+import math
+import pickle
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _short(label: str) -> str:
+    m = re.match(r"([\w.]+)\((.*)\)", label)
+    if not m:
+        return label
+    kv = dict(x.split("=") for x in m.group(2).split(", "))
+    extra = "".join(f"/{k[0]}{v}" for k, v in kv.items() if k in ("per_row", "rows", "group") and v not in ("0", "1"))
+    return f"{m.group(1).split('.')[-1]}/{kv.get('vec', '')}{extra}"
+
+
+def prepare(keys: list[str], out: str, limit: int = 40) -> None:
+    import gir_cases
+    from precompile import case_key
+    from powerfusion.frontend import import_model, partition
+    from powerfusion.gir.lower import enumerate_plans, lower_subgraph, lowering_context
+    from powerfusion.perfmodel.search import feasibility
+    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.rewrite import optimise
+    t = get_target("cuda")
+    rows = []
+    for case in gir_cases.norm_cases() + gir_cases.subgraph_cases():
+        if case_key(case) not in keys:
+            continue
+        graph = import_model(case.model)
+        sub = max(partition(graph, "cuda").subgraphs, key=lambda s: len(s.nodes))
+        ctx = lowering_context(sub, graph, t)
+        for plan in enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
+            try:
+                g, _ = optimise(lower_subgraph(sub, graph, plan, t, ctx=ctx))
+            except Exception as e:
+                print(f"{case_key(case)}: rejected ({type(e).__name__})", flush=True)
+                continue
+            if feasibility(g, t):
+                continue
+            rows.append({"case": case_key(case), "labels": " ".join(_short(c.label) for c in plan.values()),
+                         "graph": g})
+        print(f"{case_key(case)}: {sum(r['case'] == case_key(case) for r in rows)} plans", flush=True)
+    Path(out).write_bytes(pickle.dumps(rows))
+
+
+def run(path: str) -> None:
+    from powerfusion.perfmodel.cost import estimate, predict_seconds
+    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.perfmodel.tune import time_graph
+    t = get_target("cuda")
+    rows = pickle.loads(Path(path).read_bytes())
+    seen = set()
+    for r in rows:
+        key = (r["case"], r["labels"])
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            r["measured_s"] = time_graph(r["graph"])
+        except Exception as e:
+            r["measured_s"] = math.inf
+            r["error"] = type(e).__name__
+        r["predicted_s"] = predict_seconds(estimate(r["graph"], t), t)
+        print(f"{r['case']:34s} {r['measured_s'] * 1e6:9.1f} us  predicted {r['predicted_s'] * 1e6:9.1f} us  "
+              f"k={len(r['graph'].kernels())}  {r['labels']}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["prepare"]:
+        prepare(sys.argv[2].split(","), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+    elif sys.argv[1:2] == ["run"]:
+        run(sys.argv[2])
+    else:
+        sys.exit(__doc__)
