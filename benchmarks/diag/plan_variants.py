@@ -75,7 +75,8 @@ def run(path: str) -> None:
             r["measured_s"] = time_graph(r["graph"])
         except Exception as e:
             r["measured_s"] = math.inf
-            r["error"] = type(e).__name__
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(r["error"], flush=True)
         r["predicted_s"] = predict_seconds(estimate(r["graph"], t), t)
         print(f"{r['case']:34s} {r['measured_s'] * 1e6:9.1f} us  predicted {r['predicted_s'] * 1e6:9.1f} us  "
               f"k={len(r['graph'].kernels())}  {r['labels']}", flush=True)
