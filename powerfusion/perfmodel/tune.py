@@ -37,7 +37,7 @@ def random_inputs(graph: GIRGraph, seed: int = 0) -> dict:
 def time_graph(graph: GIRGraph, executor=None, repeats: int = 3) -> float:
     """Seconds per call on the current CUDA device (median of `repeats` measurements)."""
     import cupy
-    from powerfusion.backends.cuda.executor import GIRExecutor
+    from powerfusion.backends.cuda.executor import GIRExecutor, device_dtype
     ex = executor or GIRExecutor(graph)
     host = random_inputs(graph)
     set_bytes = sum(graph.buffer(n).size * np.dtype(np_dtype(graph.buffer(n).dtype)).itemsize
@@ -46,10 +46,11 @@ def time_graph(graph: GIRGraph, executor=None, repeats: int = 3) -> float:
     sets = max(1, min(MAX_SETS, math.ceil(2 * l2 / max(set_bytes, 1))))
     arrays = []
     for _ in range(sets):
-        a = {n: cupy.asarray(v) for n, v in host.items()}
+        # bf16 buffers live on the device as uint16 bit patterns (executor.device_dtype)
+        a = {n: cupy.asarray(v.view(device_dtype(graph.buffer(n).dtype))) for n, v in host.items()}
         for n in graph.outputs:
             b = graph.buffer(n)
-            a[n] = cupy.empty(b.size, dtype=np_dtype(b.dtype))
+            a[n] = cupy.empty(b.size, dtype=device_dtype(b.dtype))
         arrays.append(a)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
