@@ -37,11 +37,11 @@ def jobs(suites=("subgraphs", "norms", "models")) -> dict:
     return out
 
 
-def _compile(key, model, out_dir):
+def _compile(key, model, out_dir, tune=False):
     from powerfusion.compiler import compile_model
     t0 = time.perf_counter()
     try:
-        plan = compile_model(model, "cuda")
+        plan = compile_model(model, "cuda", tune=tune)
         Path(out_dir, f"{key}.pkl").write_bytes(pickle.dumps(plan))
         return key, time.perf_counter() - t0, None
     except Exception as e:
@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, (mp.cpu_count() or 2) - 2))
     ap.add_argument("--suites", nargs="+", default=["subgraphs", "norms", "models"])
     ap.add_argument("--skip-existing", action="store_true", help="keep plans already in --out")
+    ap.add_argument("--tune", action="store_true",
+                    help="time the model's top plans on the device and keep the measured best (as compile --tune)")
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     work = jobs(args.suites)
@@ -68,11 +70,12 @@ def main(argv=None) -> int:
     report = {}
     t0 = time.time()
     with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=1) as pool:
-        pending = {k: pool.apply_async(_compile, (k, m, args.out)) for k, m in work.items()}
+        pending = {k: pool.apply_async(_compile, (k, m, args.out, args.tune)) for k, m in work.items()}
         for k, job in pending.items():
             try:
                 _, secs, err = job.get(timeout=max(1.0, t0 + args.timeout_s - time.time()))
-                report[k] = {"compile_s": round(secs, 2)} if err is None else {"compile_s": round(secs, 2), "error": err}
+                report[k] = {"compile_s": round(secs, 2), "tuned": args.tune} if err is None else \
+                    {"compile_s": round(secs, 2), "error": err}
             except mp.TimeoutError:
                 report[k] = {"error": f"compile did not finish within {args.timeout_s:.0f} s (all jobs share it)"}
             print(k, report[k], flush=True)

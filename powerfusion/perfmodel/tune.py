@@ -7,7 +7,9 @@ DRAM as they would inside a model. CuPy is imported here only.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -82,11 +84,33 @@ def time_graph(graph: GIRGraph, executor=None, repeats: int = 3) -> float:
 
 
 def time_graphs(graphs: list[GIRGraph]) -> list[float]:
-    """Device seconds per call of each graph; a graph that fails to compile or launch gets inf."""
+    """Device seconds per call of each graph; a graph that fails to compile or launch gets inf.
+    Processes tuning at the same time (parallel compiles) take turns on the device, so that
+    none times its plans while another's kernels share the GPU."""
     out = []
-    for g in graphs:
-        try:
-            out.append(time_graph(g))
-        except Exception:  # compile/launch failure of one candidate: it cannot be the pick
-            out.append(math.inf)
+    with _device_turn():
+        for g in graphs:
+            try:
+                out.append(time_graph(g))
+            except Exception:  # compile/launch failure of one candidate: it cannot be the pick
+                out.append(math.inf)
     return out
+
+
+@contextlib.contextmanager
+def _device_turn():
+    """An exclusive lock file under the cache directory (POSIX advisory lock; elsewhere none)."""
+    try:
+        import fcntl
+    except ImportError:   # no fcntl (Windows): timings may overlap, as before
+        yield
+        return
+    from powerfusion import options
+    path = Path(options.current().cache_dir) / "tune.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
