@@ -167,8 +167,13 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     bar = _Progress(len(cands), sub.name, progress)
     # the default choice (plans[0], matched for fusion by the lowering) is always rewritten first,
     # so a run of rejected alternatives cannot leave the subgraph unfused
-    # bounds within BOUND_TIE of each other keep the enumeration order (family descents first)
-    order = sorted(range(len(cands)), key=lambda k: (k != 0, _bucket(cands[k].bound), k))
+    # the default first, then the family descents (each a different parallel structure: one
+    # unit per row, a group per row, a wide group per row), so that a time budget cut short on
+    # a slow or busy machine still compares the structures; then by bound (within BOUND_TIE:
+    # enumeration order)
+    families = _family_labels(ctx)
+    order = sorted(range(len(cands)), key=lambda k: (k != 0, cands[k].labels not in families,
+                                                     _bucket(cands[k].bound), k))
     best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
     spent, slowest, unsearched = 0.0, 0.0, 0
     for rank, k in enumerate(order):
@@ -287,6 +292,19 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
         if not c.note and c.predicted < best.predicted:
             best = c
     return spent, done, len(trials)
+
+
+def _family_labels(ctx) -> set:
+    """Template labels (per op, lowering order) of the family descents enumerate_plans offers."""
+    from powerfusion.gir.lower import _descend, _families
+    out = set()
+    for f in _families(ctx):
+        try:
+            ch = _descend(ctx, family=f)
+        except Exception:   # a family no op can follow: enumerate_plans skips it the same way
+            continue
+        out.add(tuple(ch[n.name].label for n in ctx.nodes))
+    return out
 
 
 BOUND_TIE = 0.02   # relative: bounds closer than this rank as equal
