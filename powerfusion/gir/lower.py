@@ -327,11 +327,13 @@ def _family_score(c: Candidate, family: tuple) -> int:
 
 
 def _families(plan: _Plan) -> list[tuple]:
-    """(vector width, units per row) pairs the candidates offer: widest first, one unit per row first."""
+    """(vector width, units per row) pairs the candidates offer: the widest vector with every
+    units-per-row first (one unit per row first), then narrower vectors: the search rewrites the
+    families in this order, so a time budget cut short still compares the parallel structures."""
     cs = [c for n in plan.nodes for c in plan.candidates(n)]
     ws = sorted({w for c in cs if isinstance(w := getattr(c.params, "vec", None), int)}, reverse=True)
     rows = sorted({r for c in cs if (r := _per_row(c)) is not None})
-    return [(w, r) for r in rows or [None] for w in ws]
+    return [(w, r) for w in ws for r in rows or [None]]
 
 
 def _lined_up(plan: _Plan, choice: dict[str, Candidate]) -> int:

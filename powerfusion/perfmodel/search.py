@@ -27,6 +27,7 @@ optimised graph onto it (plancache.py), so repeated layers and warm compiles ski
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,9 @@ from powerfusion.perfmodel.specs import TargetSpec, get_target
 TOP_K = 8
 REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
 PROGRESS_MIN = 12   # show a progress bar from this many candidates on
-SEARCH_BUDGET_S = 10.0  # CPU seconds of rewriting per subgraph beyond which alternatives are not tried
+# CPU seconds of rewriting per subgraph beyond which alternatives are not tried
+# (POWERFUSION_SEARCH_BUDGET_S overrides: a loaded machine spends more CPU time per rewrite)
+SEARCH_BUDGET_S = float(os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "10"))
 
 
 @dataclass(frozen=True)
