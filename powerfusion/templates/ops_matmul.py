@@ -79,6 +79,10 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     # several short dots beats one dot per unit wherever it is offered
     points = sorted(rows, key=lambda q: (-q.rows, -q.vec)) + [DotParams("dot", v) for v in dot_v] + \
         [DotParams("cols", v) for v in col_v]
+    if Kn < ctx.lanes and L > 1:
+        # a dot shorter than a warp leaves most lanes idle (a 3x3 depthwise window: 9 of 32,
+        # measured 20x slower than cols, which the model did not see): cols only
+        points = [q for q in points if q.style != "dot"]
     splits = _splits(Kn)
     if splits and Kn > 2048:   # unsplit cols would hold the whole reduction per lane: split only
         points = [q for q in points if q.style != "cols"]

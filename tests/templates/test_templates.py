@@ -143,9 +143,14 @@ def test_reshape():
                                          ((2, 3, 2, 40), (2, 3, 40, 16), False), ((100,), (100,), False),
                                          ((3, 1, 64), (64, 33), False), ((1, 64), (48, 64), True)])
 def test_matmul_gemv(a, b, trans_b):
-    cands = check_node_candidates(one(B.MatMul(False, trans_b), [a, b]), expect_templates=["matmul.dot"])
+    n = 1 if len(b) == 1 else (b[-2] if trans_b else b[-1])
+    # a dot over fewer elements than a warp's lanes is offered only where cols cannot run
+    expect = ["matmul.dot"] if a[-1] >= 32 or n == 1 else ["matmul.cols"]
+    cands = check_node_candidates(one(B.MatMul(False, trans_b), [a, b]), expect_templates=expect)
     if b[-1] > 1 and len(b) > 1:
         assert "matmul.cols" in {c.name for c in cands}
+    if a[-1] < 32 and n > 1:
+        assert "matmul.dot" not in {c.name for c in cands}
 
 
 @pytest.mark.parametrize("t", [2200, 2201])   # 2201: the last unit's rows run past the outputs
@@ -159,15 +164,18 @@ def test_matmul_trans_a():
     check_node_candidates(one(B.MatMul(True, False), [(40, 1), (40, 24)]))
 
 
-@pytest.mark.parametrize("stride,pad,mult", [((1, 2), ((1, 1), (1, 0)), 1), ((1, 1), ((1, 1), (1, 1)), 2)])
-def test_depthwise_conv(stride, pad, mult):
+@pytest.mark.parametrize("stride,pad,mult,k", [((1, 2), ((1, 1), (1, 0)), 1, 3), ((1, 1), ((1, 1), (1, 1)), 2, 3),
+                                               ((1, 1), ((3, 3), (3, 3)), 1, 7)])
+def test_depthwise_conv(stride, pad, mult, k):
     C = 4
     b = GraphBuilder("c")
     x = b.input("x", (2, C, 9, 8))
-    w = b.input("w", (C * mult, 1, 3, 3))
+    w = b.input("w", (C * mult, 1, k, k))
     bias = b.input("bias", (C * mult,))
     b.op(B.Conv(stride, pad[0], pad[1], (1, 1), C), [x, w, bias])
-    check_node_candidates(b.build(), expect_templates=["conv.depthwise.dot", "conv.depthwise.cols"])
+    # a 3x3 window (9 < 32 lanes) gets no one-output-per-warp dot; a 7x7 one (49) does
+    expect = ["conv.depthwise.cols"] + (["conv.depthwise.dot"] if k * k >= 32 else [])
+    check_node_candidates(b.build(), expect_templates=expect)
 
 
 def test_dense_conv_is_rejected_with_node_name():
