@@ -21,9 +21,6 @@ from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, 
 LONG_ROW = 1024   # elements: rows from this long are also offered split over a group's units
 WIDE_ROW = 8192   # elements: rows from this long are also offered split over WIDE_GROUP units
 WIDE_GROUP = 16   # units of a wide group (reduce.block's wide form): a row of 16384 is 32 fp32 per lane
-# wide groups offered: 16 holds a 16384 row in 32 fp32 per lane; 8 (64 per lane) keeps twice
-# the groups resident per SM, which a bf16 row (half the bytes per group) needs to hide latency
-WIDE_GROUPS = (8, WIDE_GROUP)
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
         if group > 1:
             out.append(TileParams("rows", 1, split=s, per_row=group))
             if wide:
-                out += [TileParams("rows", 1, split=s, per_row=g) for g in WIDE_GROUPS]
+                out.append(TileParams("rows", 1, split=s, per_row=WIDE_GROUP))
     if "rows" in kinds:
         order = list(splits if splits is not None else range(rank - 1, 0, -1))
         # rows that occupy at least half the lanes first (innermost first), then the rest
@@ -169,8 +166,7 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
                 if group > 1 and prod(shape[s:]) >= LONG_ROW:
                     out += [TileParams("rows", v, split=s, per_row=group) for v in vsets(prod(shape[s:]))]
                 if group > 1 and prod(shape[s:]) >= WIDE_ROW:
-                    out += [TileParams("rows", v, split=s, per_row=g) for g in WIDE_GROUPS
-                            for v in vsets(prod(shape[s:]))]
+                    out += [TileParams("rows", v, split=s, per_row=WIDE_GROUP) for v in vsets(prod(shape[s:]))]
     n = prod(shape)
     for v in vsets(n):
         if "chunk" in kinds:

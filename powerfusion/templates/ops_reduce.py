@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from powerfusion.frontend import basic as B
 from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
-from powerfusion.templates.maps import WIDE_GROUPS, WIDE_ROW
+from powerfusion.templates.maps import WIDE_GROUP, WIDE_ROW
 from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
                                           reg_dtype, view_index)
 
@@ -55,7 +55,7 @@ def reduce(ctx: Ctx) -> list[Candidate]:
     if ctx.upg > 1:
         pts += [ReduceParams("block", v) for v in (vecs[0], 1) if K % v == 0]
         if K >= WIDE_ROW:   # a wide group: a row of 16384 is 32 fp32 per lane instead of 128
-            pts += [ReduceParams("block", v, group=g) for g in WIDE_GROUPS for v in (vecs[0], 1) if K % v == 0]
+            pts += [ReduceParams("block", v, group=WIDE_GROUP) for v in (vecs[0], 1) if K % v == 0]
     pts += [ReduceParams("grid", 1, s) for s in (2, 8)]
     out, seen = [], set()
     for p in pts:
