@@ -212,13 +212,44 @@ def device_barrier_between(g: GIRGraph, lo: int, hi: int, ignore: frozenset[str]
 
 def without_syncs_on(ops, name: str) -> list[GOp]:
     """The schedule with `name` removed from every sync, and syncs left guarding nothing removed
-    (a rule that bypasses an intermediate removes its kernel boundary in the same step)."""
+    (a rule that bypasses an intermediate removes its kernel boundary in the same step).
+    A WARP or BLOCK sync is a barrier for every buffer: one left guarding nothing stays when a
+    shared buffer written since the previous sync of its scope is read after it (another
+    buffer's accesses relied on the barrier), now naming that buffer's slices."""
     out = []
-    for op in ops:
+    for k, op in enumerate(ops):
         if isinstance(op.args, Sync) and any(s.buffer == name for s in op.inputs + op.outputs):
             op = replace(op, inputs=tuple(s for s in op.inputs if s.buffer != name),
                          outputs=tuple(s for s in op.outputs if s.buffer != name))
             if not (op.inputs or op.outputs):
-                continue
+                kept = _still_a_barrier(ops, k, op, name)
+                if kept is None:
+                    continue
+                op = kept
         out.append(op)
     return out
+
+
+def _still_a_barrier(ops, k: int, sync: GOp, gone: str) -> GOp | None:
+    """The sync at k guarding the shared buffers written before it (since the previous sync of
+    at least its scope) and read after it (until the next one), or None when there are none."""
+    scope = sync.args.scope
+    if scope not in (Scope.WARP, Scope.BLOCK):
+        return None
+    written: dict[str, MemorySlice] = {}
+    for op in reversed(ops[:k]):
+        if isinstance(op.args, Sync) and op.args.scope >= scope:
+            break
+        for s in op.outputs:
+            if s.level == Level.SHARED and s.buffer != gone:
+                written.setdefault(s.buffer, s)
+    read: dict[str, MemorySlice] = {}
+    for op in ops[k + 1:]:
+        if isinstance(op.args, Sync) and op.args.scope >= scope:
+            break
+        for s in op.inputs:
+            if s.buffer in written:
+                read.setdefault(s.buffer, s)
+    if not read:
+        return None
+    return replace(sync, inputs=tuple(written[b] for b in read), outputs=tuple(read.values()))
