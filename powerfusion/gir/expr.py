@@ -189,6 +189,8 @@ def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str,
         a, b = evaluate(e.a, env, buffers), evaluate(e.b, env, buffers)
         if e.op in ("floordiv", "mod"):
             b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
+        if e.op in _ARITH:   # a comparison is 0 or 1 in arithmetic, as in C (numpy: True + True is True)
+            a, b = _as_int(a), _as_int(b)
         return _NP_BINOPS[e.op](a, b)
     if isinstance(e, Select):
         return np.where(evaluate(e.cond, env, buffers), evaluate(e.a, env, buffers), evaluate(e.b, env, buffers))
@@ -199,6 +201,14 @@ def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str,
         idx = np.clip(evaluate(e.index, env, buffers), 0, data.size - 1)
         return data[idx].astype(np.int64)
     raise TypeError(e)
+
+
+_ARITH = frozenset(("add", "sub", "mul", "floordiv", "mod", "min", "max"))
+
+
+def _as_int(x):
+    return x.astype(np.int64) if isinstance(x, np.ndarray) and x.dtype == np.bool_ else \
+        (np.int64(x) if isinstance(x, (bool, np.bool_)) else x)
 
 
 def render_c(e: Expr, names: Mapping[str, str] | None = None, load: Callable[[str, str], str] | None = None,

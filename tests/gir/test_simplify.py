@@ -209,3 +209,11 @@ def test_long_chains_stay_linear():
     for n in range(150):
         wide = wide + (U + n) // 4 * (n % 7 + 1)
     _check_equal(wide, simplify(wide, bounds), bounds)
+
+
+def test_comparisons_count_as_integers_in_arithmetic():
+    """(u < i) + (u < i) is 2 where u < i, as in C; numpy alone would add the booleans to True."""
+    import numpy as np
+    e = U.lt(I) + U.lt(I)
+    assert evaluate(e, {"u": np.array([0, 1]), "i": np.array([1, 1])}).tolist() == [2, 0]
+    _check_equal(e, simplify(e, {"u": (0, 1), "i": (0, 2), "j": (0, 1)}), {"u": (0, 1), "i": (0, 2), "j": (0, 1)})
