@@ -14,6 +14,7 @@ Constants that kernels read are written as .npy files next to the sources.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
            "arena_bytes": bplan.arena_bytes, "steps": steps_json,
            "timings_s": {k: round(v, 4) for k, v in plan.timings.items()}}
     path = out / "plan.json"
-    path.write_text(json.dumps(doc, indent=1, default=_jsonable))
+    _replace(path, lambda f: f.write(json.dumps(doc, indent=1, default=_jsonable).encode()))
     return path
 
 
@@ -70,7 +71,7 @@ def _kernels_json(s: KernelStep, out: Path, extension: str) -> dict:
     kernels = []
     for ks in s.kernels:
         f = f"{ks.name}{extension}"
-        (out / f).write_text(ks.source)
+        _replace(out / f, lambda fo, text=ks.source: fo.write(text.encode()))
         kernels.append({"name": ks.name, "file": f, "grid": list(ks.grid), "block": list(ks.block),
                         "shared_bytes": ks.shared_bytes,
                         "params": [{"buffer": b, "tensor": s.buffers.get(b), "dtype": dt, "written": w}
@@ -99,7 +100,20 @@ def _save(path: Path, a: np.ndarray) -> None:
                 return
         except (ValueError, OSError):   # unreadable or another format: rewrite it
             pass
-    np.save(path, a)
+    _replace(path, lambda f: np.save(f, a))
+
+
+def _replace(path: Path, write) -> None:
+    """Write a new file and rename it over `path`: a reader (or a crash) never sees half a file,
+    and a file hard-linked elsewhere (the compile cache's entries) is never changed in place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _library_json(s: LibraryStep) -> dict:

@@ -1,7 +1,6 @@
 """`powerfusion compile MODEL --target cuda|hip|mlu -o DIR`: kernel sources + plan.json."""
 from __future__ import annotations
 
-import sys
 
 from powerfusion.cli.common import add_model_arguments, check_model_path, parse_shapes, progress
 from powerfusion.errors import PowerFusionError
@@ -16,30 +15,62 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", required=True, help="folder for the sources and plan.json")
     p.add_argument("--timings", action="store_true", help="print the seconds spent in each pipeline step")
     p.add_argument("--tune", action="store_true", help="time the perf model's best plans on the GPU and keep the fastest")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile again even if this model and these options were compiled before "
+                        "(search decisions still come from the plan cache)")
 
 
 def main(args) -> int:
-    from powerfusion.compiler import compile_model
-    from powerfusion.perfmodel.specs import get_target
-    from powerfusion.plan_io import write_plan
     import time
+    from powerfusion import compile_cache
+    from powerfusion.perfmodel.specs import get_target
+    t0 = time.perf_counter()
     backend = get_target(args.target).backend
     if backend not in EXTENSIONS:
         raise PowerFusionError(f"target '{args.target}' ({backend}) has no source backend; use cuda, hip or mlu")
-    t0 = time.perf_counter()
-    plan = compile_model(check_model_path(args.model), args.target, parse_shapes(args.shapes), tune=args.tune,
-                         progress=progress)
+    model, shapes = check_model_path(args.model), parse_shapes(args.shapes)
+    use_cache = not (args.no_cache or args.tune)
+    if use_cache:
+        key, hash_s = compile_cache.compile_key(model, args.target, shapes, EXTENSIONS[backend])
+        hit = compile_cache.lookup(key, args.output)
+        if hit is not None:
+            _print_summary(args, hit.summary)
+            progress(f"cached compile {key[:12]}: output folder "
+                     + ("up to date" if not hit.copied else f"restored ({hit.copied} file(s))"))
+            if args.timings:
+                print(f"  {'hash model':<10} {hash_s:8.3f} s   (cached compile {key[:12]})")
+                for step, secs in hit.seconds.items():
+                    print(f"  {step:<10} {secs:8.3f} s")
+                print(f"  {'total':<10} {time.perf_counter() - t0:8.3f} s")
+            return 0
+    from powerfusion.compiler import compile_model
+    from powerfusion.plan_io import write_plan
+    compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
     t1 = time.perf_counter()
-    path = write_plan(plan, args.output, EXTENSIONS[backend])
+    plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
     t2 = time.perf_counter()
-    total = t2 - t0
-    n_src = sum(len(s.kernels) for s in plan.kernel_steps)
-    print(f"{args.model} -> {path.parent}: {n_src} kernel(s) in {len(plan.kernel_steps)} memory-bound subgraph(s), "
-          f"{len(plan.library_steps)} library call(s)")
+    path = write_plan(plan, args.output, EXTENSIONS[backend])
+    t3 = time.perf_counter()
+    summary = {"kernels": sum(len(s.kernels) for s in plan.kernel_steps), "subgraphs": len(plan.kernel_steps),
+               "library_calls": len(plan.library_steps)}
+    _print_summary(args, summary)
+    if use_cache:
+        compile_cache.store(key, path.parent, compile_cache.output_files(path), summary,
+                            plan.graph.metadata.get("external_data", []))
+    t4 = time.perf_counter()
     if args.timings:
+        if use_cache:
+            print(f"  {'hash model':<10} {hash_s:8.3f} s")
         for step, secs in plan.timings.items():
             print(f"  {step:<10} {secs:8.3f} s")
         # writing: plan.json, kernel sources and every constant the kernels read (.npy)
-        print(f"  {'write':<10} {t2 - t1:8.3f} s")
-        print(f"  {'total':<10} {total:8.3f} s (including writing)")
+        print(f"  {'write':<10} {t3 - t2:8.3f} s")
+        if use_cache:
+            print(f"  {'cache':<10} {t4 - t3:8.3f} s   (storing the result for the next compile)")
+        print(f"  {'total':<10} {t4 - t0:8.3f} s (including writing)")
     return 0
+
+
+def _print_summary(args, summary: dict) -> None:
+    print(f"{args.model} -> {args.output}: {summary['kernels']} kernel(s) in {summary['subgraphs']} "
+          f"memory-bound subgraph(s), {summary['library_calls']} library call(s)")

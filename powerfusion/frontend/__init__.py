@@ -14,11 +14,14 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
     from powerfusion.frontend.converters import convert_graph
     from powerfusion.frontend.fold import fold_constants
     from powerfusion.frontend.quantized import fuse_dequantize_matmul
-    proto = load_model(model, shapes)
+    sources: list[str] = []
+    proto = load_model(model, shapes, sources=sources)
     proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
     arrays: dict = {}
     proto = fold_constants(proto, arrays)
-    return convert_graph(proto, arrays)
+    graph = convert_graph(proto, arrays)
+    graph.metadata["external_data"] = sources
+    return graph
 
 
 def partition(graph: BasicGraph, target: str = "cpu") -> Partition:

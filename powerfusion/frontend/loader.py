@@ -26,9 +26,11 @@ MIN_UPGRADABLE_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
-    """Path, bytes or ModelProto -> checked ModelProto with static shapes inferred everywhere."""
-    proto, where = _read(model)
+def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None, *,
+               sources: list[str] | None = None) -> onnx.ModelProto:
+    """Path, bytes or ModelProto -> checked ModelProto with static shapes inferred everywhere.
+    With `sources`, the paths of the external-data files a model file reads are appended to it."""
+    proto, where = _read(model, sources)
     skeleton, weights = _skeleton(proto)
     try:
         onnx.checker.check_model(skeleton)
@@ -156,7 +158,7 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 # ---- helpers ------------------------------------------------------------------------
 
-def _read(model) -> tuple[onnx.ModelProto, str]:
+def _read(model, sources: list[str] | None = None) -> tuple[onnx.ModelProto, str]:
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)  # input shapes are fixed in place: leave the caller's proto alone
@@ -173,10 +175,52 @@ def _read(model) -> tuple[onnx.ModelProto, str]:
         if not os.path.exists(path):
             raise ModelError(f"model file '{path}' does not exist")
         try:
-            return onnx.load(path), f"model file '{path}'"
+            proto = onnx.load(path, load_external_data=False)
+            files = external_data_files(proto, os.path.dirname(path))
         except Exception as e:
             raise ModelError(f"model file '{path}' could not be parsed as ONNX: {_first_line(e)}") from None
+        for f in files:
+            if not os.path.isfile(f):
+                raise ModelError(f"model file '{path}' keeps tensor data in '{f}', which does not exist")
+        if files:
+            try:
+                onnx.load_external_data_for_model(proto, os.path.dirname(path) or ".")
+            except Exception as e:
+                raise ModelError(f"model file '{path}': its external tensor data could not be read: "
+                                 f"{_first_line(e)}") from None
+        if sources is not None:
+            sources.extend(files)
+        return proto, f"model file '{path}'"
     raise ModelError(f"cannot load a model from a {type(model).__name__}; give a path, bytes or onnx.ModelProto")
+
+
+def external_data_files(proto: onnx.ModelProto, base_dir: str) -> list[str]:
+    """Paths of the files that the model's external-data tensors name (initializers and tensor
+    attributes, subgraphs included), in first-use order."""
+    files: dict[str, None] = {}
+
+    def tensor(t) -> None:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    files.setdefault(os.path.join(base_dir, e.value))
+
+    def graph(g) -> None:
+        for t in g.initializer:
+            tensor(t)
+        for n in g.node:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    tensor(a.t)
+                for t in a.tensors:
+                    tensor(t)
+                if a.HasField("g"):
+                    graph(a.g)
+                for sub in a.graphs:
+                    graph(sub)
+
+    graph(proto.graph)
+    return list(files)
 
 
 def _check_opset(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:

@@ -1,4 +1,5 @@
-"""`powerfusion cache status|clear`: inspect or empty the compiled-kernel cache.
+"""`powerfusion cache status|clear`: inspect or empty the compiled-kernel cache and the
+cached compile results (`powerfusion compile` outputs, see powerfusion.compile_cache).
 
 `powerfusion.cli` calls `register(subparsers)`; each sub-command sets `func(args) -> int`.
 """
@@ -10,32 +11,56 @@ from powerfusion.runtime.cache import KernelCache
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("cache", help="show or clear the compiled-kernel cache",
-                                   description="Show or clear the compiled-kernel cache.")
+    parser = subparsers.add_parser("cache", help="show or clear the compiled-kernel cache and cached compiles",
+                                   description="Show or clear the compiled-kernel cache and the cached "
+                                               "`powerfusion compile` results.")
     parser.add_argument("--dir", default=None,
                         help="kernel cache folder (default: the cache_dir option, under kernels/)")
     actions = parser.add_subparsers(dest="cache_command", metavar="{status,clear}")
     actions.required = True
     status = actions.add_parser("status", help="path, number of entries and bytes")
     status.set_defaults(func=_status)
-    clear = actions.add_parser("clear", help="delete every cached kernel")
+    clear = actions.add_parser("clear", help="delete every cached kernel and compile result")
     clear.set_defaults(func=_clear)
     return parser
 
 
 def _status(args) -> int:
+    from powerfusion import compile_cache
     info = KernelCache(args.dir).status()
     print(f"path:    {info['path']}")
     print(f"entries: {info['entries']}")
     print(f"bytes:   {info['bytes']} ({_human(info['bytes'])})")
+    base = _results_dir(args)
+    if base is False:
+        return 0
+    results = compile_cache.status(base)
+    print(f"compile results: {results['entries']} in {results['path']}, {_human(results['bytes'])} "
+          f"(hard links to output folders take no extra space)")
     return 0
 
 
 def _clear(args) -> int:
     cache = KernelCache(args.dir)
+    from powerfusion import compile_cache
     removed = cache.clear()
     print(f"removed {removed} cached kernel(s) from {cache.root}")
+    base = _results_dir(args)
+    if base is False:
+        return 0
+    results = compile_cache.clear(base)
+    print(f"removed {results} cached compile result(s) from {compile_cache.root(base)}")
     return 0
+
+
+def _results_dir(args):
+    """The cache folder whose compiled/ holds compile results: None for the cache_dir option,
+    --dir's parent when --dir names a kernels/ folder, False (leave them alone) for another --dir."""
+    from pathlib import Path
+    if args.dir is None:
+        return None
+    d = Path(args.dir).expanduser()
+    return d.parent if d.name == "kernels" else False
 
 
 def _human(n: int) -> str:
