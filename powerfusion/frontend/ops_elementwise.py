@@ -70,6 +70,33 @@ def convert_pow(cx: NodeCtx):
     cx.ew("pow", x, cx.cast(cx.inp(1), dt), out=cx.out())
 
 
+RECIPROCAL_REUSE = 4   # a float divisor shared by at least this many outputs becomes a reciprocal
+
+
+def convert_div(cx: NodeCtx):
+    """a / b. When each divisor serves many outputs (a row's norm, a scalar), a * (1 / b)
+    instead: one division per divisor, a multiply per output. The product is formed in
+    float32 (16-bit inputs are rounded once, at the end), so the result is within one float32
+    ulp of a / b and almost always the same 16-bit value. float64 and integer division, and
+    divisors used once, stay divisions. A float32 divisor below 2**-126 (subnormal) makes the
+    reciprocal overflow to inf where a / b would be finite."""
+    a, b, dt = cx.inp(0), cx.inp(1), cx.dtype(0)
+    out_size = math.prod(np.broadcast_shapes(cx.shape(0), cx.shape(1)))
+    if dt.name not in ("float32", "float16", "bfloat16") or cx.info(b).size * RECIPROCAL_REUSE > out_size:
+        cx.ew("div", a, b, out=cx.out())
+        return
+    c = cx.const(1)
+    if c is not None:   # a constant divisor: its reciprocal is a constant too
+        with np.errstate(divide="ignore"):
+            r = cx.b.constant(np.reciprocal(np.asarray(c, np.float32)), hint="reciprocal")
+    else:
+        r = cx.ew("reciprocal", cx.cast(b, np.float32))
+    if dt.name == "float32":
+        cx.ew("mul", a, r, out=cx.out())
+    else:
+        cx.cast(cx.ew("mul", cx.cast(a, np.float32), r), dt, out=cx.out())
+
+
 def convert_leaky_relu(cx: NodeCtx):
     cx.ew("leaky_relu", cx.inp(0), out=cx.out(), params=(("alpha", float(cx.attr("alpha", 0.01))),))
 
@@ -188,7 +215,7 @@ CONVERTERS = {op: unary(fn) for op, fn in UNARY.items()}
 CONVERTERS.update({op: binary(fn) for op, fn in BINARY.items()})
 CONVERTERS.update({op: variadic(fn) for op, fn in VARIADIC.items()})
 CONVERTERS.update({
-    "Mean": convert_mean, "Pow": convert_pow, "LeakyRelu": convert_leaky_relu, "HardSigmoid": convert_hard_sigmoid,
+    "Div": convert_div, "Mean": convert_mean, "Pow": convert_pow, "LeakyRelu": convert_leaky_relu, "HardSigmoid": convert_hard_sigmoid,
     "HardSwish": convert_hard_swish, "Clip": convert_clip, "Gelu": convert_gelu, "Where": convert_where,
     "Cast": convert_cast, "Identity": convert_identity, "PRelu": convert_prelu, "Elu": convert_elu,
     "Selu": convert_selu, "Softplus": convert_softplus, "Softsign": convert_softsign, "Mish": convert_mish,

@@ -82,7 +82,8 @@ def convert_softmax(cx: NodeCtx, log: bool = False):
     d = cx.ew("sub", x, cx.reduce("max", x, axes, True))
     e = cx.ew("exp", d)
     s = cx.reduce("sum", e, axes, True)
-    y = cx.ew("sub", d, cx.ew("log", s)) if log else cx.ew("div", e, s)
+    # one reciprocal per row and a multiply per element (see ops_elementwise.convert_div)
+    y = cx.ew("sub", d, cx.ew("log", s)) if log else cx.ew("mul", e, cx.ew("reciprocal", s))
     _finish(cx, y, dt, cx.out())
 
 

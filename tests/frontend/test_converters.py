@@ -172,7 +172,27 @@ def test_elementwise_inputs_are_broadcast_explicitly():
 def test_softmax_decomposition():
     graph = check(make_model("Softmax", {"x": f32(2, 5)}), {"x": f32(2, 5)})
     fns = [(n.op.fn if n.kind in ("elementwise", "reduce") else n.kind) for n in graph.nodes]
-    assert [f for f in fns if f != "broadcast"] == ["max", "sub", "exp", "sum", "div"]
+    assert [f for f in fns if f != "broadcast"] == ["max", "sub", "exp", "sum", "reciprocal", "mul"]
+
+
+def test_div_by_a_shared_divisor_is_a_reciprocal_times():
+    """A row divisor ([R, 1] against [R, 64]) becomes one reciprocal per row and a multiply per
+    element (fp16/bf16: test_dtypes.py), within fp32 tolerance of onnxruntime's a / b."""
+    feeds = {"a": f32(8, 64), "b": pos(8, 1)}
+    graph = check(make_model("Div", feeds), feeds)
+    assert [n.op.fn for n in graph.nodes if n.kind == "elementwise"] == ["reciprocal", "mul"]
+    recip = next(n for n in graph.nodes if n.kind == "elementwise" and n.op.fn == "reciprocal")
+    assert graph.tensors[recip.outputs[0]].shape == (8, 1)
+
+
+def test_div_elementwise_and_by_constant():
+    """Same-shape operands stay a division; a constant divisor's reciprocal is a constant."""
+    feeds = {"a": f32(4, 6), "b": pos(4, 6)}
+    graph = check(make_model("Div", feeds), feeds)
+    assert [n.op.fn for n in graph.nodes if n.kind == "elementwise"] == ["div"]
+    feeds = {"a": f32(4, 6)}
+    graph = check(make_model("Div", feeds, {"c": np.array([3.0], np.float32)}), feeds, 1e-6, 1e-7)
+    assert [n.op.fn for n in graph.nodes if n.kind == "elementwise"] == ["mul"]
 
 
 def test_batchnorm_folds_into_scale_and_shift():

@@ -18,6 +18,7 @@ def f(*s):
 # bfloat16 Conv, MaxPool and InstanceNormalization exist from opset 22 on
 LOW = [
     ("Add", {"a": f(2, 3), "b": f(3)}, {}, {}, 17),
+    ("Div", {"a": f(8, 64), "b": np.abs(f(8, 1)) + 0.5}, {}, {}, 17),   # a reciprocal per row, in fp32
     ("Relu", {"x": f(4, 5)}, {}, {}, 17),
     ("Softmax", {"x": f(3, 16) * 4}, {}, {}, 17),
     ("LayerNormalization", {"x": f(2, 4, 32)}, {"s": f(32), "b": f(32)}, {}, 17),
