@@ -75,11 +75,13 @@ RECIPROCAL_REUSE = 4   # a float divisor shared by at least this many outputs be
 
 def convert_div(cx: NodeCtx):
     """a / b. When each divisor serves many outputs (a row's norm, a scalar), a * (1 / b)
-    instead: one division per divisor, a multiply per output. The product is formed in
-    float32 (16-bit inputs are rounded once, at the end), so the result is within one float32
-    ulp of a / b and almost always the same 16-bit value. float64 and integer division, and
-    divisors used once, stay divisions. A float32 divisor below 2**-126 (subnormal) makes the
-    reciprocal overflow to inf where a / b would be finite."""
+    instead: one division per divisor, a multiply per output. The reciprocal is formed in
+    float32: float32 results are within one ulp of a / b. 16-bit operands multiply by the
+    reciprocal rounded to their dtype (an op on mixed float widths would split the row's
+    vector loads), so the result is rounded twice: within one 16-bit ulp of a / b rather than
+    half an ulp. float64 and integer division, and divisors used once, stay divisions. A
+    divisor below 2**-126 in magnitude (subnormal) overflows the reciprocal to inf where a / b
+    would be finite."""
     a, b, dt = cx.inp(0), cx.inp(1), cx.dtype(0)
     out_size = math.prod(np.broadcast_shapes(cx.shape(0), cx.shape(1)))
     if dt.name not in ("float32", "float16", "bfloat16") or cx.info(b).size * RECIPROCAL_REUSE > out_size:
@@ -88,13 +90,10 @@ def convert_div(cx: NodeCtx):
     c = cx.const(1)
     if c is not None:   # a constant divisor: its reciprocal is a constant too
         with np.errstate(divide="ignore"):
-            r = cx.b.constant(np.reciprocal(np.asarray(c, np.float32)), hint="reciprocal")
+            r = cx.b.constant(np.reciprocal(np.asarray(c, np.float32)).astype(dt), hint="reciprocal")
     else:
-        r = cx.ew("reciprocal", cx.cast(b, np.float32))
-    if dt.name == "float32":
-        cx.ew("mul", a, r, out=cx.out())
-    else:
-        cx.cast(cx.ew("mul", cx.cast(a, np.float32), r), dt, out=cx.out())
+        r = cx.cast(cx.ew("reciprocal", cx.cast(b, np.float32)), dt)
+    cx.ew("mul", a, r, out=cx.out())
 
 
 def convert_leaky_relu(cx: NodeCtx):
