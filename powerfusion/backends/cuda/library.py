@@ -137,6 +137,47 @@ def _im2col_kernel(itemsize: int, device: int):
     return compile_source(source, name="pf_im2col", device=device).kernel(f"pf_im2col_w{itemsize * 8}")
 
 
+def conv_into(blas, x, w, bias, out, cols: dict, *, strides=None, pads=None, dilations=None, group: int = 1,
+              logical_dtype: str | None = None) -> bool:
+    """ONNX Conv (2-D) written into `out`, allocating nothing per call: the im2col kernel into
+    a columns buffer kept in `cols` (one per shape), then one strided-batched GEMM through
+    `blas` (powerfusion.backends.cuda.blas), then the bias in place. Every launch can be
+    captured in a CUDA graph. False (and nothing launched) where this path does not apply:
+    1-D, bf16 bit patterns with a bias, a batch and groups together, or non-contiguous operands."""
+    import cupy
+    if x.ndim != 4 or w.ndim != 4 or not x.flags.c_contiguous or not w.flags.c_contiguous:
+        return False
+    if bias is not None and _is_bf16(x, logical_dtype) and x.dtype == cupy.uint16:
+        return False
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    if c != cg * group or m % group or (n > 1 and group > 1):
+        return False
+    sh, sw = strides or (1, 1)
+    ph0, pw0, ph1, pw1 = pads or (0, 0, 0, 0)
+    dh, dw = dilations or (1, 1)
+    oh = (h + ph0 + ph1 - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pw0 + pw1 - dw * (kw - 1) - 1) // sw + 1
+    if oh <= 0 or ow <= 0 or out.shape != (n, m, oh, ow) or not out.flags.c_contiguous:
+        return False
+    key = (n, c, kh, kw, oh, ow, x.dtype.str)
+    if key not in cols:
+        cols[key] = cupy.empty(key[:6], dtype=x.dtype)
+    buf = cols[key]
+    kernel = _im2col_kernel(x.dtype.itemsize, x.device.id)
+    threads = 256
+    blocks = max(1, min(-(-buf.size // threads), device_info(x.device.id).sm_count * 32))
+    kernel.launch((blocks,), (threads,), (x, buf, np.int64(buf.size), *(np.int32(v) for v in (
+        h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw))))
+    ok = blas.gemm_into(w.reshape(1, group, m // group, cg * kh * kw), buf.reshape(n, group, cg * kh * kw, oh * ow),
+                        out.reshape(n, group, m // group, oh * ow), logical_dtype=logical_dtype)
+    if not ok:
+        return False
+    if bias is not None:
+        out += bias.reshape(1, m, 1, 1).astype(out.dtype, copy=False)
+    return True
+
+
 def conv(x, w, bias=None, *, strides=None, pads=None, dilations=None, group: int = 1,
          logical_dtype: str | None = None):
     """ONNX Conv (NCH / NCHW): x (N, C, *spatial), w (M, C/group, *kernel), pads begin+end."""

@@ -53,6 +53,9 @@ class CudaPlanRunner:
                              and self.tensors[t].size == 0}
         self._cuda_graph = None
         self.use_cuda_graph = cuda_graph
+        self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
+        self._direct: set[str] = set()   # library steps that ran through it
+        self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
 
     def _plan_tensors(self, cupy) -> dict:
         g, steps = self.graph, self.plan.steps
@@ -93,6 +96,9 @@ class CudaPlanRunner:
             ins = [self.constants[t] if t in self.constants else env[t] for t in node.inputs]
             logical = np.dtype(self.graph.tensors[node.inputs[0]].dtype).name
             bf16 = logical == "bfloat16"
+            if self._library_direct(node, ins, env[node.outputs[0]], "bfloat16" if bf16 else None):
+                self._direct.add(node.name)
+                continue
             if isinstance(node.op, MatMul):
                 y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
                                    logical_dtype="bfloat16" if bf16 else None)
@@ -105,11 +111,36 @@ class CudaPlanRunner:
                 raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
 
+    def _library_direct(self, node, ins, out, logical) -> bool:
+        """MatMul / Conv written straight into its planned buffer through our own cuBLAS handle
+        (blas.py), which CUDA-graph capture accepts; False where that path does not apply (the
+        step then calls cupy.matmul, which allocates its result and cannot be captured)."""
+        import cupy
+        from powerfusion.backends.cuda import blas, library
+        if self._blas is None:
+            if not blas.available():
+                return False
+            self._blas = blas.Blas()
+        self._blas.bind(cupy.cuda.get_current_stream())
+        if isinstance(node.op, MatMul):
+            return self._blas.gemm_into(ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b,
+                                        logical_dtype=logical)
+        if isinstance(node.op, Conv):
+            op = node.op
+            return library.conv_into(self._blas, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._cols,
+                                     strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
+                                     dilations=op.dilations, group=op.group, logical_dtype=logical)
+        return False
+
     def _captures(self, s) -> bool:
-        """Can this step be captured in a CUDA graph? (not when it calls cuBLAS through CuPy)"""
+        """Can this step be captured in a CUDA graph? Our kernels, fused typed GEMMs, and the
+        library calls that ran through our own cuBLAS handle in the warm-up run; not those
+        that call cuBLAS through CuPy."""
         if isinstance(s, KernelStep):
             return True
         node = s.call.node
+        if node.name in self._direct:
+            return True
         return isinstance(node.op, TypedMatMul) and self.typed[node.name][0].fused
 
     def _run_typed(self, node, env) -> None:
@@ -152,8 +183,9 @@ class CudaPlanRunner:
 
     def _capture(self) -> None:
         """Capture the run as CUDA graphs. CuPy cannot call cuBLAS during stream capture, so
-        the steps are captured piecewise: each run of our own kernels (GIR kernels, typed
-        GEMMs) is one graph; cuBLAS MatMul / Conv library calls stay eager in between.
+        MatMul / Conv go through our own cuBLAS handle (blas.py) where they can; the steps are
+        captured piecewise: each run of capturable steps (GIR kernels, typed GEMMs, direct
+        library calls) is one graph; library calls through CuPy stay eager in between.
         A warm-up run first makes the memory pool hold every block the eager steps need; it
         overwrites the arena (inputs included), so the caller loads the inputs again."""
         import cupy
@@ -165,6 +197,8 @@ class CudaPlanRunner:
                 pieces.append(("eager", steps))
                 continue
             with capture:
+                if self._blas is not None:
+                    self._blas.bind(capture)   # before the capture: binding is not a stream operation
                 capture.begin_capture()
                 self._run_steps(steps)
                 pieces.append(("graph", capture.end_capture()))
