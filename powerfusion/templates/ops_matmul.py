@@ -47,10 +47,17 @@ def _splits(Kn: int) -> list[int]:
     return sorted({min(MAX_SPLIT, -(-Kn // rows)) for rows in (32, 128)})
 
 
-def _vecs(vmax: int, lanes: int, extent: int) -> list[int]:
-    """The widest vector whose lanes x vec fits `extent` (no idle lanes), and scalar."""
+def _vecs(vmax: int, lanes: int, extent: int, whole: bool = False) -> list[int]:
+    """The widest vector whose lanes x vec fits `extent` (no idle lanes), and scalar. With
+    `whole`, also the widest vector that divides an extent wider than a warp but narrower
+    than lanes x vmax: one unit then covers the whole extent (idle lanes at its end), so its
+    units line up with a map over rows of that extent and the two can share a kernel (a
+    depthwise conv and the BatchNorm + activation after it)."""
     fit = [v for v in (8, 4, 2, 1) if v <= vmax and (lanes * v <= extent or v == 1)]
-    return list(dict.fromkeys((fit[0], 1)))
+    out = [fit[0], 1]
+    if whole and lanes < extent < lanes * vmax:
+        out.insert(1, max(v for v in (8, 4, 2, 1) if v <= vmax and extent % v == 0))
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     pr = prod_fn(ctx)
     Kn = prod(pr.space[pr.n_out:])
     L = pr.space[pr.n_out - 1] if pr.n_out else 1
-    dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L)
+    dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L, whole=name == "conv.depthwise")
     n_outputs = prod(pr.space[:pr.n_out])
     # several outputs per unit only where that still leaves a unit per warp slot of the device
     rows = [DotParams("dot", v, rows=r) for v in dot_v if Kn % (ctx.lanes * v) == 0 and Kn <= DOT_ROWS_K * ctx.lanes * v
