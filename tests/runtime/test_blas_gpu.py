@@ -99,3 +99,25 @@ def test_conv_into_declines_batch_and_groups_together():
     from powerfusion.backends.cuda.blas import Blas
     x, w = cupy.ones((2, 8, 6, 6), np.float32), cupy.ones((8, 2, 3, 3), np.float32)
     assert not library.conv_into(Blas(), x, w, None, cupy.empty((2, 8, 4, 4), np.float32), {}, group=4)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_pointwise_conv_reads_x_directly(group):
+    """1x1, stride 1, no padding: no im2col (the columns are x); checked against numpy."""
+    import cupy
+    from powerfusion.backends.cuda import library
+    from powerfusion.backends.cuda.blas import Blas
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 8, 5, 7)).astype(np.float32)
+    w = rng.standard_normal((6, 8 // group, 1, 1)).astype(np.float32)
+    xg = x.reshape(1, group, 8 // group, 35)
+    wg = w.reshape(group, 6 // group, 8 // group)
+    want = np.einsum("gmc,ngcp->ngmp", wg, xg).reshape(1, 6, 5, 7)
+    cols: dict = {}
+    out = cupy.full((1, 6, 5, 7), np.nan, np.float32)
+    blas = Blas()
+    blas.bind(cupy.cuda.get_current_stream())
+    assert library.conv_into(blas, cupy.asarray(x), cupy.asarray(w), None, out, cols, group=group)
+    assert not cols   # no columns buffer was made
+    assert _close(cupy.asnumpy(out), want, 1e-4)
+    assert _close(cupy.asnumpy(library.conv(cupy.asarray(x), cupy.asarray(w), group=group)), want, 1e-4)

@@ -2,7 +2,8 @@
 im2col kernel of ours followed by one batched cuBLAS matmul.
 
 Why im2col: CuPy 14 no longer ships cuDNN bindings (checked on the lent GPU, see
-benchmarks/README.md), so convolution is lowered to GEMM. The im2col kernel only moves
+benchmarks/README.md), so convolution is lowered to GEMM. A 1x1 conv without stride or
+padding needs no im2col: its columns are the input itself. The im2col kernel only moves
 elements, so it works on raw bits (4- or 2-byte words) and serves fp32, fp16 and bf16
 alike; zero padding is all-zero bits in each of them. Grouped convolution is one batched
 matmul with the group as a batch dimension.
@@ -137,6 +138,18 @@ def _im2col_kernel(itemsize: int, device: int):
     return compile_source(source, name="pf_im2col", device=device).kernel(f"pf_im2col_w{itemsize * 8}")
 
 
+def _pointwise(kh, kw, sh, sw, ph0, pw0, ph1, pw1) -> bool:
+    return kh == kw == sh == sw == 1 and not (ph0 or pw0 or ph1 or pw1)
+
+
+def _im2col(x, cols, h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw) -> None:
+    kernel = _im2col_kernel(x.dtype.itemsize, x.device.id)
+    threads = 256
+    blocks = max(1, min(-(-cols.size // threads), device_info(x.device.id).sm_count * 32))
+    kernel.launch((blocks,), (threads,), (x, cols, np.int64(cols.size), *(np.int32(v) for v in (
+        h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw))))
+
+
 def conv_into(blas, x, w, bias, out, cols: dict, *, strides=None, pads=None, dilations=None, group: int = 1,
               logical_dtype: str | None = None) -> bool:
     """ONNX Conv (2-D) written into `out`, allocating nothing per call: the im2col kernel into
@@ -160,15 +173,14 @@ def conv_into(blas, x, w, bias, out, cols: dict, *, strides=None, pads=None, dil
     ow = (wd + pw0 + pw1 - dw * (kw - 1) - 1) // sw + 1
     if oh <= 0 or ow <= 0 or out.shape != (n, m, oh, ow) or not out.flags.c_contiguous:
         return False
-    key = (n, c, kh, kw, oh, ow, x.dtype.str)
-    if key not in cols:
-        cols[key] = cupy.empty(key[:6], dtype=x.dtype)
-    buf = cols[key]
-    kernel = _im2col_kernel(x.dtype.itemsize, x.device.id)
-    threads = 256
-    blocks = max(1, min(-(-buf.size // threads), device_info(x.device.id).sm_count * 32))
-    kernel.launch((blocks,), (threads,), (x, buf, np.int64(buf.size), *(np.int32(v) for v in (
-        h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw))))
+    if _pointwise(kh, kw, sh, sw, ph0, pw0, ph1, pw1):
+        buf = x   # a 1x1 conv without stride or padding: the columns are x itself
+    else:
+        key = (n, c, kh, kw, oh, ow, x.dtype.str)
+        if key not in cols:
+            cols[key] = cupy.empty(key[:6], dtype=x.dtype)
+        buf = cols[key]
+        _im2col(x, buf, h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw)
     ok = blas.gemm_into(w.reshape(1, group, m // group, cg * kh * kw), buf.reshape(n, group, cg * kh * kw, oh * ow),
                         out.reshape(n, group, m // group, oh * ow), logical_dtype=logical_dtype)
     if not ok:
@@ -202,13 +214,11 @@ def conv(x, w, bias=None, *, strides=None, pads=None, dilations=None, group: int
     if oh <= 0 or ow <= 0:
         raise ValueError(f"conv: empty output {oh}x{ow} for x {x.shape}, w {w.shape}")
     x = cupy.ascontiguousarray(x)
-    cols = cupy.empty((n, c, kh, kw, oh, ow), dtype=x.dtype)
-    total = cols.size
-    kernel = _im2col_kernel(x.dtype.itemsize, x.device.id)
-    threads = 256
-    blocks = max(1, min(-(-total // threads), device_info(x.device.id).sm_count * 32))
-    kernel.launch((blocks,), (threads,), (x, cols, np.int64(total), *(np.int32(v) for v in (
-        h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw))))
+    if _pointwise(kh, kw, sh, sw, ph0, pw0, ph1, pw1):
+        cols = x   # a 1x1 conv without stride or padding: the columns are x itself
+    else:
+        cols = cupy.empty((n, c, kh, kw, oh, ow), dtype=x.dtype)
+        _im2col(x, cols, h, wd, kh, kw, oh, ow, sh, sw, ph0, pw0, dh, dw)
     # (N, G, Cg*KH*KW, OH*OW) columns times (G, M/G, Cg*KH*KW) weights, batched over N and G
     cols = cols.reshape(n, group, cg * kh * kw, oh * ow)
     wmat = cupy.ascontiguousarray(w).reshape(group, m // group, cg * kh * kw)
