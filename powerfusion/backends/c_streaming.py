@@ -61,6 +61,7 @@ def stream_segments(low) -> list | None:
             if any(s.buffer in long_tiles for s in op.inputs + op.outputs):
                 return None   # a long tile used outside a streamable op: keep the plain lowering
             segments.append(op)
+    segments = _merge_siblings(segments)
     recipes = _recipes(low, long_tiles, num, width)
     out = []
     for seg in segments:
@@ -83,6 +84,42 @@ def stream_segments(low) -> list | None:
                           if s.buffer in long_tiles)
         out.append(Run(tuple(remat + seg), num, width, tiles))
     return out
+
+
+def _merge_siblings(segments: list) -> list:
+    """Let two streamed runs become one when the ops between them neither feed the later run
+    nor depend on the earlier one (then the later run moves up, or the earlier one down): two
+    reductions over the same rows (a sum and a sum of squares) share one loop and one read of
+    the row, and a run whose tile only the last loop reads joins that loop."""
+    segments = list(segments)
+    i = 0
+    while i < len(segments):
+        run = segments[i]
+        if isinstance(run, list):
+            j, between = i + 1, []
+            while j < len(segments) and not isinstance(segments[j], list):
+                between.append(segments[j])
+                j += 1
+            if between and j < len(segments) and segments[j][0].guard == run[0].guard:
+                if _independent(segments[j], between):     # the later run moves up
+                    segments[i] = run + segments[j]
+                    del segments[j]
+                    continue
+                if _independent(run, between):             # or this one moves down
+                    segments[j] = run + segments[j]
+                    del segments[i]
+                    continue
+        i += 1
+    return segments
+
+
+def _independent(ops: list[GOp], others: list[GOp]) -> bool:
+    """Can `ops` run before `others` (no buffer one side writes is touched by the other)?"""
+    def buffers(group, side):
+        return {s.buffer for op in group for s in getattr(op, side)}
+    w, r = buffers(ops, "outputs"), buffers(ops, "inputs")
+    ow, orr = buffers(others, "outputs"), buffers(others, "inputs")
+    return not (r & ow or w & orr or w & ow)
 
 
 def _streamable(low, op: GOp, num: int, width: int, long_tiles) -> bool:

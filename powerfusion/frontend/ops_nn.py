@@ -94,13 +94,27 @@ def convert_log_softmax(cx: NodeCtx):
 # ---- normalisations -------------------------------------------------------------------
 
 def _normalize(cx: NodeCtx, x: str, axes, eps: float):
-    """(x - mean) * rsqrt(var + eps), plus mean and the inverse std (keepdims)."""
-    n = int(np.prod([cx.info(x).shape[a] for a in axes], dtype=np.int64))
-    mean = _div_by(cx, cx.reduce("sum", x, axes, True), n)
-    d = cx.ew("sub", x, mean)
-    var = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
-    inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, cx.info(x).dtype)))
-    return cx.ew("mul", d, inv), mean, inv
+    """(x - mean) * rsqrt(var + eps), plus mean and the inverse std (keepdims).
+
+    The statistics come from one pass over x, shifted by the slice's first element k:
+    s1 = sum(x - k), s2 = sum((x - k)^2), mean = k + s1/n, var = s2/n - (s1/n)^2 (clamped at
+    0). Both sums read x at the same time, so a row too long for registers (streamed) is read
+    twice in all, not three times. Shifting by a sample of the row keeps the subtraction
+    well conditioned: its rounding error grows with ((mean - k) / std)^2, which is small for
+    any k drawn from the data (unshifted, E[x^2] - mean^2 loses every digit when |mean| >> std)."""
+    from powerfusion.frontend.basic import Slice
+    shape = cx.info(x).shape
+    dt = cx.info(x).dtype
+    n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    k = cx.emit(Slice((0,) * len(shape), kshape, (1,) * len(shape)), [x], kshape, dt)
+    d = cx.ew("sub", x, k)
+    m1 = _div_by(cx, cx.reduce("sum", d, axes, True), n)
+    m2 = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
+    var = cx.ew("max", cx.ew("sub", m2, cx.ew("mul", m1, m1)), cx.scalar(0.0, dt))
+    mean = cx.ew("add", k, m1)
+    inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, dt)))
+    return cx.ew("mul", cx.ew("sub", x, mean), inv), mean, inv
 
 
 def convert_layer_norm(cx: NodeCtx):
