@@ -239,3 +239,17 @@ def test_every_required_op_is_converted_and_tested():
     assert set(REQUIRED) <= set(CONVERTERS)
     tested = {p.values[0] for p in CASES} | {"Constant", "ConstantOfShape", "Shape"}  # those: test_fold.py
     assert set(REQUIRED) <= tested
+
+
+def test_long_layernorm_statistics_take_one_pass():
+    """From ONE_PASS_MIN elements per row the mean and variance come from sums of x - x[0]
+    (one read of x for both); an offset far larger than the spread stays exact to fp32
+    tolerance, which the unshifted E[x^2] - mean^2 would not."""
+    from powerfusion.frontend.ops_nn import ONE_PASS_MIN
+    R = np.random.default_rng(7)
+    feeds = {"x": (R.standard_normal((2, ONE_PASS_MIN)) + 1000.0).astype(np.float32)}
+    consts = {"s": f32(ONE_PASS_MIN), "b": f32(ONE_PASS_MIN)}
+    graph = check(make_model("LayerNormalization", feeds, consts, {"axis": -1}), feeds, 1e-4, 1e-4)
+    assert any(type(n.op).__name__ == "Slice" for n in graph.nodes)
+    sums = [n for n in graph.nodes if n.kind == "reduce"]
+    assert len(sums) == 2 and all(graph.tensors[n.inputs[0]].shape == (2, ONE_PASS_MIN) for n in sums)
