@@ -96,7 +96,7 @@ def convert_log_softmax(cx: NodeCtx):
 ONE_PASS_MIN = 32768   # elements per normalised slice from which the statistics take one pass
 
 
-def _normalize(cx: NodeCtx, x: str, axes, eps: float):
+def _normalize(cx: NodeCtx, x: str, axes, eps: float, raw: str | None = None):
     """(x - mean) * rsqrt(var + eps), plus mean and the inverse std (keepdims).
 
     Slices of at least ONE_PASS_MIN elements are too long for a unit's registers: the GPU
@@ -107,7 +107,8 @@ def _normalize(cx: NodeCtx, x: str, axes, eps: float):
     Shifting by a sample of the slice keeps the subtraction well conditioned: its rounding
     error grows with ((mean - k) / std)^2, small for any k drawn from the data. Shorter
     slices keep the two-pass form: measured, the extra ops cost more there than they save
-    (LayerNorm bf16 4096: 0.91 -> 0.64)."""
+    (LayerNorm bf16 4096: 0.91 -> 0.64). `raw` is x before its upcast (16-bit models): k is
+    sliced from it, so the float32 copy of x never has to exist in memory."""
     shape = cx.info(x).shape
     dt = cx.info(x).dtype
     n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
@@ -119,7 +120,8 @@ def _normalize(cx: NodeCtx, x: str, axes, eps: float):
         return cx.ew("mul", d, inv), mean, inv
     from powerfusion.frontend.basic import Slice
     kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
-    k = cx.emit(Slice((0,) * len(shape), kshape, (1,) * len(shape)), [x], kshape, dt)
+    src = raw if raw is not None else x
+    k = cx.cast(cx.emit(Slice((0,) * len(shape), kshape, (1,) * len(shape)), [src], kshape, cx.info(src).dtype), dt)
     d = cx.ew("sub", x, k)
     m1 = _div_by(cx, cx.reduce("sum", d, axes, True), n)
     m2 = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
@@ -134,7 +136,7 @@ def convert_layer_norm(cx: NodeCtx):
     axis = cx.axis(cx.attr("axis", -1), len(shape))
     axes = list(range(axis, len(shape)))
     x = _upcast(cx, cx.inp(0))
-    y, mean, inv = _normalize(cx, x, axes, float(cx.attr("epsilon", 1e-5)))
+    y, mean, inv = _normalize(cx, x, axes, float(cx.attr("epsilon", 1e-5)), raw=cx.inp(0))
     y = cx.ew("mul", y, _upcast(cx, cx.inp(1)))
     if cx.has(2):
         y = cx.ew("add", y, _upcast(cx, cx.inp(2)))
@@ -153,7 +155,7 @@ def _per_channel(cx: NodeCtx, name: str, rank: int) -> str:
 def convert_instance_norm(cx: NodeCtx):
     shape, dt = cx.shape(0), cx.dtype(0)
     x = _upcast(cx, cx.inp(0))
-    y, _, _ = _normalize(cx, x, list(range(2, len(shape))), float(cx.attr("epsilon", 1e-5)))
+    y, _, _ = _normalize(cx, x, list(range(2, len(shape))), float(cx.attr("epsilon", 1e-5)), raw=cx.inp(0))
     y = cx.ew("mul", y, _per_channel(cx, _upcast(cx, cx.inp(1)), len(shape)))
     y = cx.ew("add", y, _per_channel(cx, _upcast(cx, cx.inp(2)), len(shape)))
     _finish(cx, y, dt, cx.out())
