@@ -93,42 +93,21 @@ def convert_log_softmax(cx: NodeCtx):
 
 # ---- normalisations -------------------------------------------------------------------
 
-ONE_PASS_MIN = 32768   # elements per normalised slice from which the statistics take one pass
-
-
-def _normalize(cx: NodeCtx, x: str, axes, eps: float, raw: str | None = None):
+def _normalize(cx: NodeCtx, x: str, axes, eps: float):
     """(x - mean) * rsqrt(var + eps), plus mean and the inverse std (keepdims).
 
-    Slices of at least ONE_PASS_MIN elements are too long for a unit's registers: the GPU
-    kernels stream them, reading x once per pass. For them the statistics take one pass,
-    shifted by the slice's first element k: s1 = sum(x - k), s2 = sum((x - k)^2),
-    mean = k + s1/n, var = s2/n - (s1/n)^2 (clamped at 0), so x is read twice in all, not
-    three times (LayerNorm 32768x65536 fp32 on H200: 0.43 -> 0.54 of copy bandwidth).
-    Shifting by a sample of the slice keeps the subtraction well conditioned: its rounding
-    error grows with ((mean - k) / std)^2, small for any k drawn from the data. Shorter
-    slices keep the two-pass form: measured, the extra ops cost more there than they save
-    (LayerNorm bf16 4096: 0.91 -> 0.64). `raw` is x before its upcast (16-bit models): k is
-    sliced from it, so the float32 copy of x never has to exist in memory."""
-    shape = cx.info(x).shape
-    dt = cx.info(x).dtype
-    n = int(np.prod([shape[a] for a in axes], dtype=np.int64))
-    if n < ONE_PASS_MIN:
-        mean = _div_by(cx, cx.reduce("sum", x, axes, True), n)
-        d = cx.ew("sub", x, mean)
-        var = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
-        inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, dt)))
-        return cx.ew("mul", d, inv), mean, inv
-    from powerfusion.frontend.basic import Slice
-    kshape = tuple(1 if i in axes else d for i, d in enumerate(shape))
-    src = raw if raw is not None else x
-    k = cx.cast(cx.emit(Slice((0,) * len(shape), kshape, (1,) * len(shape)), [src], kshape, cx.info(src).dtype), dt)
-    d = cx.ew("sub", x, k)
-    m1 = _div_by(cx, cx.reduce("sum", d, axes, True), n)
-    m2 = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
-    var = cx.ew("max", cx.ew("sub", m2, cx.ew("mul", m1, m1)), cx.scalar(0.0, dt))
-    mean = cx.ew("add", k, m1)
-    inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, dt)))
-    return cx.ew("mul", cx.ew("sub", x, mean), inv), mean, inv
+    Two passes (mean, then the mean of squared deviations). A one-pass form shifted by the
+    slice's first element was tried for slices of 32768+ elements (LayerNorm 32768x65536 on
+    H200: 0.43 -> 0.53 of copy bandwidth, x read twice instead of three times) and taken
+    out: where x is computed inside the subgraph (a Cast before the LayerNorm), slicing it
+    broke the fusion and the search's best plan was 16-28 kernels, predicted 5-7x slower.
+    Recorded in benchmarks/results/gir-2026-11-22-session5.md."""
+    n = int(np.prod([cx.info(x).shape[a] for a in axes], dtype=np.int64))
+    mean = _div_by(cx, cx.reduce("sum", x, axes, True), n)
+    d = cx.ew("sub", x, mean)
+    var = _div_by(cx, cx.reduce("sum", cx.ew("mul", d, d), axes, True), n)
+    inv = cx.ew("rsqrt", cx.ew("add", var, cx.scalar(eps, cx.info(x).dtype)))
+    return cx.ew("mul", d, inv), mean, inv
 
 
 def convert_layer_norm(cx: NodeCtx):
@@ -136,7 +115,7 @@ def convert_layer_norm(cx: NodeCtx):
     axis = cx.axis(cx.attr("axis", -1), len(shape))
     axes = list(range(axis, len(shape)))
     x = _upcast(cx, cx.inp(0))
-    y, mean, inv = _normalize(cx, x, axes, float(cx.attr("epsilon", 1e-5)), raw=cx.inp(0))
+    y, mean, inv = _normalize(cx, x, axes, float(cx.attr("epsilon", 1e-5)))
     y = cx.ew("mul", y, _upcast(cx, cx.inp(1)))
     if cx.has(2):
         y = cx.ew("add", y, _upcast(cx, cx.inp(2)))
@@ -155,7 +134,7 @@ def _per_channel(cx: NodeCtx, name: str, rank: int) -> str:
 def convert_instance_norm(cx: NodeCtx):
     shape, dt = cx.shape(0), cx.dtype(0)
     x = _upcast(cx, cx.inp(0))
-    y, _, _ = _normalize(cx, x, list(range(2, len(shape))), float(cx.attr("epsilon", 1e-5)), raw=cx.inp(0))
+    y, _, _ = _normalize(cx, x, list(range(2, len(shape))), float(cx.attr("epsilon", 1e-5)))
     y = cx.ew("mul", y, _per_channel(cx, _upcast(cx, cx.inp(1)), len(shape)))
     y = cx.ew("add", y, _per_channel(cx, _upcast(cx, cx.inp(2)), len(shape)))
     _finish(cx, y, dt, cx.out())

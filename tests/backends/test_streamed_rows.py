@@ -93,6 +93,27 @@ def test_long_rows_stream_and_compile_without_spills(kind, dtype):
             assert max(spills, default=0) <= 64, out.stderr[-1000:]
 
 
+def test_independent_sums_over_a_streamed_row_share_one_loop():
+    """sum(x) and sum(x * x) over rows of 65536 (a block per row): nothing between the two
+    streamed reductions feeds the second, so they run in one loop (c_streaming._merge_siblings)
+    and the row is loaded twice in all (statistics, then the output), not three times."""
+    from powerfusion.compiler import compile_model
+    rows = 256
+    nodes = [helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1),
+             helper.make_node("Mul", ["x", "x"], ["xx"]),
+             helper.make_node("ReduceSum", ["xx", "ax"], ["ss"], keepdims=1),
+             helper.make_node("Mul", ["s", "ss"], ["p"]),
+             helper.make_node("Mul", ["x", "p"], ["y"])]
+    g = helper.make_graph(nodes, "two_sums", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, N])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, N])],
+                          [numpy_helper.from_array(np.array([1], np.int64), "ax")])
+    plan = compile_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), "cuda")
+    [src] = [k.source for s in plan.kernel_steps for k in s.kernels]
+    loops = src.split("// streamed over")[1:]
+    assert len(loops) == 2, [x.splitlines()[0] for x in loops]
+    assert loops[0].split("\n  // gop")[0].count("float acc_") == 2   # both sums in the first loop
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind,dtype", CASES + [("layernorm", TensorProto.BFLOAT16), ("softmax", TensorProto.FLOAT)])
 def test_long_rows_match_numpy_on_cuda(kind, dtype):

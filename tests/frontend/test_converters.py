@@ -241,15 +241,13 @@ def test_every_required_op_is_converted_and_tested():
     assert set(REQUIRED) <= tested
 
 
-def test_long_layernorm_statistics_take_one_pass():
-    """From ONE_PASS_MIN elements per row the mean and variance come from sums of x - x[0]
-    (one read of x for both); an offset far larger than the spread stays exact to fp32
-    tolerance, which the unshifted E[x^2] - mean^2 would not."""
-    from powerfusion.frontend.ops_nn import ONE_PASS_MIN
+def test_long_layernorm_with_a_large_offset():
+    """Rows of 32768 elements whose mean is far larger than their spread: the two-pass
+    statistics stay within `compare`'s fp32 tolerance of onnxruntime (1e-3: summing 32768
+    values near 1000 in float32 leaves the mean a few ulps of 3e7 off, and the normalised
+    output up to 3e-4 off; the two differ in summation order)."""
     R = np.random.default_rng(7)
-    feeds = {"x": (R.standard_normal((2, ONE_PASS_MIN)) + 1000.0).astype(np.float32)}
-    consts = {"s": f32(ONE_PASS_MIN), "b": f32(ONE_PASS_MIN)}
-    graph = check(make_model("LayerNormalization", feeds, consts, {"axis": -1}), feeds, 1e-4, 1e-4)
-    assert any(type(n.op).__name__ == "Slice" for n in graph.nodes)
-    sums = [n for n in graph.nodes if n.kind == "reduce"]
-    assert len(sums) == 2 and all(graph.tensors[n.inputs[0]].shape == (2, ONE_PASS_MIN) for n in sums)
+    n = 32768
+    feeds = {"x": (R.standard_normal((2, n)) + 1000.0).astype(np.float32)}
+    consts = {"s": f32(n), "b": f32(n)}
+    check(make_model("LayerNormalization", feeds, consts, {"axis": -1}), feeds, 1e-3, 1e-3)

@@ -22,7 +22,7 @@ LOW = [
     ("Relu", {"x": f(4, 5)}, {}, {}, 17),
     ("Softmax", {"x": f(3, 16) * 4}, {}, {}, 17),
     ("LayerNormalization", {"x": f(2, 4, 32)}, {"s": f(32), "b": f(32)}, {}, 17),
-    ("LayerNormalization", {"x": f(2, 32768) + 3}, {"s": f(32768), "b": f(32768)}, {}, 17),   # one-pass statistics
+    ("LayerNormalization", {"x": f(2, 32768) + 3}, {"s": f(32768), "b": f(32768)}, {}, 17),   # a long row
     ("ReduceMean", {"x": f(4, 64)}, {"axes": np.array([1], np.int64)}, {}, 18),
     ("Gelu", {"x": f(4, 8)}, {}, {}, 20),
     ("MatMul", {"a": f(4, 16), "b": f(16, 8)}, {}, {}, 17),
