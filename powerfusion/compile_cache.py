@@ -46,10 +46,9 @@ _CHUNK = 8 << 20
 
 @dataclass(frozen=True)
 class Hit:
-    key: str
     summary: dict
-    copied: int          # files copied into the output folder (0: it was up to date)
-    seconds: dict        # "hash", "output" -> seconds
+    copied: int          # files restored into the output folder (0: it was up to date)
+    seconds: dict        # "check data" (external data re-hashed), "output" -> seconds
 
 
 def root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -122,7 +121,7 @@ def lookup(key: str, out_dir: str | os.PathLike, cache_dir=None) -> Hit | None:
         write_stamp(out, key, files)
     with contextlib.suppress(OSError):
         os.utime(entry / ENTRY)          # most recently used: evicted last
-    return Hit(key, info["summary"], copied, {"check data": t1 - t0, "output": time.perf_counter() - t1})
+    return Hit(info["summary"], copied, {"check data": t1 - t0, "output": time.perf_counter() - t1})
 
 
 def _well_formed(info) -> bool:

@@ -1,7 +1,6 @@
 """`powerfusion compile MODEL --target cuda|hip|mlu -o DIR`: kernel sources + plan.json."""
 from __future__ import annotations
 
-
 from powerfusion.cli.common import add_model_arguments, check_model_path, parse_shapes, progress
 from powerfusion.errors import PowerFusionError
 
@@ -46,7 +45,6 @@ def main(args) -> int:
     from powerfusion.compiler import compile_model
     from powerfusion.plan_io import write_plan
     compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
-    t1 = time.perf_counter()
     plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
     t2 = time.perf_counter()
     path = write_plan(plan, args.output, EXTENSIONS[backend])
