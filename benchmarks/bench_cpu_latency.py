@@ -1,7 +1,7 @@
 """CPU latency of the CPU session against onnxruntime (CPU) on the bundled BERT-size model.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cpu_latency.py [--model models/small/bert_small.onnx]
-Median wall time per run over repeated runs after warm-up; writes benchmarks/results/cpu-latency-<date>.json/.md.
+Median wall time per run over repeated runs after warm-up; writes benchmarks/results/cpu-latency.json/.md.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     row = {"model": Path(args.model).name, "powerfusion_cpu_s": t_ours, "onnxruntime_cpu_s": t_ort,
            "ratio_ours_over_ort": t_ours / t_ort, "runs": args.runs, "cpus": os.cpu_count(),
            "load_avg": os.getloadavg()[0], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit}
-    out = ROOT / "benchmarks" / "results" / f"cpu-latency-{row['date'][:10]}"
+    out = ROOT / "benchmarks" / "results" / "cpu-latency"
     out.with_suffix(".json").write_text(json.dumps(row, indent=1) + "\n")
     out.with_suffix(".md").write_text(
         f"# CPU latency\n\n{row['date']}, commit {commit}, {row['cpus']} cores (load average {row['load_avg']:.1f})\n\n"

@@ -258,10 +258,11 @@ def run_metadata(**extra) -> dict:
 
 
 def write_results(name: str, rows: list[dict], meta: dict, out_dir: str | os.PathLike | None = None) -> tuple[Path, Path]:
-    """benchmarks/results/<name>-<date>.json (meta + rows) and .md (a short table)."""
+    """benchmarks/results/<name>.json (meta + rows) and .md (a short table): one current file per
+    suite; the date and commit are inside, superseded runs live in git history."""
     out = Path(out_dir) if out_dir else RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}-{meta['date'][:10]}"
+    stem = name
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
     json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     md_path.write_text(markdown_table(name, rows, meta))
