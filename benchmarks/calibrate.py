@@ -133,7 +133,7 @@ class Timer:
 
 def calibrate() -> dict:
     import cupy as cp
-    from powerfusion.perfmodel.calibration import target_key
+    from powerfusion.targets.calibration import target_key
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

@@ -13,7 +13,7 @@ attention), enumerates every plan (`lower.enumerate_plans`), rewrites each with 
 greedy optimiser and keeps those the verifier and the CUDA renderer accept. `run`
 applies the calibration found next to it (benchmarks/results/calibration-*.json, or the
 one just measured), predicts every plan, times every plan on the device (CUDA-graph
-replay, powerfusion.perfmodel.tune), and reports per case and overall:
+replay, powerfusion.pipeline.tune), and reports per case and overall:
 Spearman rank correlation of predicted vs measured time, and how far the model's pick
 (and the best of its top-8) is from the best measured plan. JSON + markdown under $OUT.
 """
@@ -154,9 +154,9 @@ CASES = {  # small sizes keep lowering and rewriting every plan affordable on a 
 
 def prepare(path: str, cases=None, limit: int = 8) -> None:
     from powerfusion.frontend import import_model, partition
-    from powerfusion.gir.lower import enumerate_plans, lower_subgraph
-    from powerfusion.perfmodel.search import feasibility
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.templates.merge import enumerate_plans, lower_subgraph
+    from powerfusion.pipeline.search import feasibility
+    from powerfusion.targets.specs import get_target
     from powerfusion.rewrite import optimise
     t = get_target("h100")
     out = Path(path)
@@ -262,10 +262,10 @@ def precompile(plans: list, jobs: int = 12) -> None:
 
 
 def run(path: str, out_dir: str, calibration: dict | None = None, budget_s: float = 170.0) -> dict:
-    from powerfusion.perfmodel.calibration import apply_calibration, load_calibration
+    from powerfusion.targets.calibration import apply_calibration, load_calibration
     from powerfusion.perfmodel.cost import estimate, predict_seconds
-    from powerfusion.perfmodel.specs import get_target
-    from powerfusion.perfmodel.tune import time_graph
+    from powerfusion.targets.specs import get_target
+    from powerfusion.pipeline.tune import time_graph
     plans = []
     for p in path.split(","):
         plans += pickle.loads(Path(p).read_bytes())
@@ -332,9 +332,9 @@ def markdown(summary: dict, rows: list[dict]) -> str:
 def rescore(path: str, measured_json: str, calibration_json: str, out_dir: str) -> dict:
     """Predict the same plans again with the current model against times measured earlier
     (no device needed); rows are matched by their index in the plans file."""
-    from powerfusion.perfmodel.calibration import apply_calibration
+    from powerfusion.targets.calibration import apply_calibration
     from powerfusion.perfmodel.cost import estimate, predict_seconds
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     plans = []
     for p in path.split(","):
         plans += pickle.loads(Path(p).read_bytes())
@@ -365,8 +365,8 @@ def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam
     from powerfusion import options
     from powerfusion.backends.cuda.renderer import CUDARenderer
     from powerfusion.frontend import import_model, partition
-    from powerfusion.perfmodel.search import choose_plans
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.pipeline.search import choose_plans
+    from powerfusion.targets.specs import get_target
     import resource
     t0 = time.perf_counter()
     graph = import_model(model)

@@ -15,7 +15,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from powerfusion.frontend.basic import BasicGraph, LibraryCall, Partition, Subgraph
+from powerfusion.basic import BasicGraph, LibraryCall, Partition, Subgraph
 
 
 @dataclass
@@ -97,7 +97,7 @@ def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = Fals
                   progress=None) -> Plan:
     from powerfusion.frontend import import_model
     from powerfusion.frontend.partition import partition_graph as partition
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
 
     timer = _Timer()
     with timer("import"):
@@ -110,7 +110,7 @@ def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = Fals
 def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: bool = False, codegen: bool = True,
                       progress=None, timer: "_Timer | None" = None) -> Plan:
     """The search and codegen steps for an already imported and partitioned model."""
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     timer = timer or _Timer()
     renderer = renderer_for(get_target(target).backend) if codegen else None
     steps, memo = [], {}
@@ -136,8 +136,8 @@ def _empty(graph: BasicGraph, tensor: str) -> bool:
 
 
 def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool, memo: dict) -> KernelStep:
-    from powerfusion.gir.lower import _Plan
-    names = _Plan(sub, graph, target).names
+    from powerfusion.templates.merge import MergePlan
+    names = MergePlan(sub, graph, target).names
     # tensors a view op aliases share one buffer: name it by the subgraph's input or output
     interface = set(sub.inputs) | set(sub.outputs)
     buffers = {}
@@ -145,14 +145,14 @@ def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool,
         if b not in buffers or t in interface:
             buffers[b] = t
     try:
-        from powerfusion.perfmodel.search import choose_plan
+        from powerfusion.pipeline.search import choose_plan
     except ImportError:
         choose_plan = None
     if choose_plan is not None:
         choice = choose_plan(sub, graph, target, tune=tune)
         return KernelStep(sub, choice.merged, choice.graph, list(choice.trace), buffers,
                           predicted_s=choice.predicted_s, candidates=getattr(choice, "considered", 1))
-    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.templates.merge import lower_subgraph
     from powerfusion.rewrite import optimise
     merged = lower_subgraph(sub, graph, None, target)
     gir, trace = optimise(merged)

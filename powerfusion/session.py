@@ -23,7 +23,7 @@ import numpy as np
 
 from powerfusion import options as _options
 from powerfusion.errors import FeedError, PowerFusionError
-from powerfusion.frontend.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
+from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
                                         TensorInfo, TypedMatMul)
 from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, compile_cpu_plan  # noqa: F401
 
@@ -59,7 +59,7 @@ class InferenceSession:
     def __init__(self, model, target: str | None = None, shapes=None, options: Mapping | None = None):
         from powerfusion.frontend import import_model
         from powerfusion.frontend.partition import partition_graph as partition
-        from powerfusion.perfmodel.specs import get_target
+        from powerfusion.targets.specs import get_target
 
         self.options = _options.current().replace(**dict(options or {}))
         self.target = target or self.options.target
@@ -144,7 +144,7 @@ class InferenceSession:
 
 
 def get_target_backend(target: str) -> str:
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     return get_target(target).backend
 
 

@@ -3,7 +3,7 @@ import os
 
 import numpy as np
 
-from powerfusion.plan_io import _save
+from powerfusion.pipeline.plan_io import _save
 
 
 def test_constant_file_rewritten_only_when_it_differs(tmp_path):

@@ -14,7 +14,7 @@ import powerfusion
 from powerfusion import options
 from powerfusion.backend import PowerFusionBackend, cuda_available
 from powerfusion.errors import FeedError, PowerFusionError, UnsupportedOpError
-from powerfusion.frontend.basic import Conv
+from powerfusion.basic import Conv
 from powerfusion.session import BasicFallbackWarning, InferenceSession, conv_nd, onnx_type_string
 from tests.session_cases import ROOT, SMALL, small_model_names, small_model_session, small_models
 
@@ -140,7 +140,7 @@ def test_the_basic_op_executor_does_not_run(sess):
 
 def test_second_session_reuses_the_plans_without_lowering(sess):
     """Identical subgraphs are lowered once per process (plan decisions memoised by structure)."""
-    with mock.patch("powerfusion.gir.lower.lower_subgraph", side_effect=AssertionError("lowered again")):
+    with mock.patch("powerfusion.templates.merge.lower_subgraph", side_effect=AssertionError("lowered again")):
         again = InferenceSession(mlp_model())
     assert set(again.subgraph_paths.values()) == {"gir"}
     for name, k in again.cpu_plan.kernels.items():
@@ -161,7 +161,7 @@ def test_structurally_equal_models_keep_their_own_constants():
 
 def test_fallback_to_the_basic_op_executor_is_named_and_warned():
     from powerfusion.backends.cpu import session as cpu
-    from powerfusion.gir.lower import LowerError
+    from powerfusion.templates.merge import LowerError
     from powerfusion.frontend import numpy_exec
     reason = "no GIR template fits basic op n0 (for this test)"
     with mock.patch.object(cpu, "choose_default_plan", side_effect=LowerError(reason)):

@@ -33,9 +33,9 @@ def prepare(keys: list[str], out: str, limit: int = 40) -> None:
     import gir_cases
     from precompile import case_key
     from powerfusion.frontend import import_model, partition
-    from powerfusion.gir.lower import enumerate_plans, lower_subgraph, lowering_context
-    from powerfusion.perfmodel.search import feasibility
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
+    from powerfusion.pipeline.search import feasibility
+    from powerfusion.targets.specs import get_target
     from powerfusion.rewrite import optimise
     t = get_target("cuda")
     rows = []
@@ -61,8 +61,8 @@ def prepare(keys: list[str], out: str, limit: int = 40) -> None:
 
 def run(path: str) -> None:
     from powerfusion.perfmodel.cost import estimate, predict_seconds
-    from powerfusion.perfmodel.specs import get_target
-    from powerfusion.perfmodel.tune import time_graph
+    from powerfusion.targets.specs import get_target
+    from powerfusion.pipeline.tune import time_graph
     t = get_target("cuda")
     rows = pickle.loads(Path(path).read_bytes())
     seen = set()

@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     import time
     from powerfusion import compile_cache
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     t0 = time.perf_counter()
     backend = get_target(args.target).backend
     if backend not in EXTENSIONS:
@@ -43,7 +43,7 @@ def main(args) -> int:
                 print(f"  {'total':<10} {time.perf_counter() - t0:8.3f} s")
             return 0
     from powerfusion.compiler import compile_model
-    from powerfusion.plan_io import write_plan
+    from powerfusion.pipeline.plan_io import write_plan
     compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
     plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
     t2 = time.perf_counter()

@@ -36,7 +36,7 @@ def build_report(model_path: str, shapes, target: str) -> dict:
 
     from powerfusion.frontend import import_model
     from powerfusion.frontend.partition import partition_graph as partition
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     from powerfusion.session import onnx_type_string
 
     spec = get_target(target)
@@ -68,7 +68,7 @@ def _tensor(t, type_string) -> dict:
 
 
 def _step(step) -> dict:
-    from powerfusion.frontend.basic import LibraryCall
+    from powerfusion.basic import LibraryCall
     common = {"flops": int(step.flops), "bytes": int(step.bytes), "intensity": round(step.intensity, 4)}
     if isinstance(step, LibraryCall):
         node = step.node
@@ -112,7 +112,7 @@ def _clip(text: str, n: int) -> str:
 
 
 def _main_gir(args) -> int:
-    from powerfusion.gir.report import inspect_gir
+    from powerfusion.pipeline.inspect import inspect_gir
     target = args.target or "cuda"
     progress(f"lowering and rewriting memory-bound subgraphs for {target}")
     report = inspect_gir(check_model_path(args.model), target, parse_shapes(args.shapes))

@@ -106,7 +106,7 @@ def random_inputs(graph, seed: int) -> dict[str, np.ndarray]:
 
 def gather_bounds(graph) -> dict[str, int]:
     """For inputs used (directly or through elementwise casts) as Gather indices: the axis size."""
-    from powerfusion.frontend.basic import Elementwise, Gather
+    from powerfusion.basic import Elementwise, Gather
     consumers = graph.consumers()
     bounds: dict[str, int] = {}
     for t in graph.inputs:

@@ -2,7 +2,7 @@
 and partition into library calls and memory-bound subgraphs."""
 from __future__ import annotations
 
-from powerfusion.frontend.basic import BasicGraph, Partition
+from powerfusion.basic import BasicGraph, Partition
 from powerfusion.frontend.loader import load_model, parse_shapes
 # imported here, before `partition` below is defined: a first import of the submodule later
 # would rebind the package attribute `partition` to the module

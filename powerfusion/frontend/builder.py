@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from powerfusion.errors import NodeError
-from powerfusion.frontend.basic import (BasicNode, Broadcast, Elementwise, OpArgs, Origin, Reduce, Reshape,
+from powerfusion.basic import (BasicNode, Broadcast, Elementwise, OpArgs, Origin, Reduce, Reshape,
                                         TensorInfo, Transpose)
 from powerfusion.scalar import scalar_fn
 

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from powerfusion.errors import UnsupportedOpError
 from powerfusion.frontend import ops_elementwise, ops_nn, ops_shape
-from powerfusion.frontend.basic import BasicGraph, TensorInfo
+from powerfusion.basic import BasicGraph, TensorInfo
 from powerfusion.frontend.builder import GraphBuilder, NodeCtx
 from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset
 from powerfusion.frontend.quantized import check_quantized, convert_quantized, is_quantized

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.errors import FeedError
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.scalar import scalar_fn
 
 LOW_PRECISION = ("float16", "bfloat16")

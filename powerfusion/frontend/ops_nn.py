@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from powerfusion.frontend.basic import Conv, MatMul, Transpose, Window
+from powerfusion.basic import Conv, MatMul, Transpose, Window
 from powerfusion.frontend.builder import NodeCtx
 
 REDUCE = {"ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod", "ReduceMean": "mean",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import numpy_helper
 
-from powerfusion.frontend.basic import Concat, Gather, GatherElements, Pad, Slice
+from powerfusion.basic import Concat, Gather, GatherElements, Pad, Slice
 from powerfusion.frontend.builder import NodeCtx
 
 
@@ -154,12 +154,12 @@ def convert_expand(cx: NodeCtx):
     if shape == cx.shape(0):
         cx.alias(name, cx.out())
     else:
-        from powerfusion.frontend.basic import Broadcast
+        from powerfusion.basic import Broadcast
         cx.emit(Broadcast(tuple(shape)), [name], shape, cx.dtype(0), out=cx.out())
 
 
 def convert_tile(cx: NodeCtx):
-    from powerfusion.frontend.basic import Broadcast
+    from powerfusion.basic import Broadcast
     shape = cx.shape(0)
     reps = cx.const_ints(1, "repeats")
     if len(reps) != len(shape) or min(reps, default=1) < 0:

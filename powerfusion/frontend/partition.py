@@ -18,9 +18,9 @@ from __future__ import annotations
 import networkx as nx
 import numpy as np
 
-from powerfusion.frontend.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
+from powerfusion.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
                                         Partition, Reduce, Subgraph, TypedMatMul)
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.targets.specs import get_target
 from powerfusion.scalar import scalar_fn
 
 

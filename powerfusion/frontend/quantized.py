@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from powerfusion.frontend.basic import TypedMatMul
+from powerfusion.basic import TypedMatMul
 
 MS_DOMAIN = "com.microsoft"
 PF_DOMAIN = "ai.powerfusion"

@@ -30,7 +30,7 @@ import numpy as np
 from powerfusion.gir.expr import evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units
-from powerfusion.perfmodel.specs import MemorySystem, Occupancy, TargetSpec, get_target
+from powerfusion.targets.specs import MemorySystem, Occupancy, TargetSpec, get_target
 
 ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops; registers bound it)
 LOOP_ILP = 4         # nvcc unrolls a simple loop by 4

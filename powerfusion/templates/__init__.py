@@ -4,7 +4,7 @@
 `Candidate` has a template `name`, frozen `params` and `build() -> GIRGraph`. Every
 candidate is a complete graph of its own (load inputs from GLOBAL, compute in
 REGISTER, store outputs to GLOBAL, syncs where a phase needs other units' data).
-The first candidate is the default; `powerfusion.gir.lower` picks among them so that
+The first candidate is the default; `powerfusion.templates.merge` picks among them so that
 neighbouring ops' slice patterns line up.
 
 Templates (name: parameters):
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.templates.common import Candidate, Ctx, buffer_names, resolve_target, sanitize
 from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_tiled
 

@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from powerfusion.errors import NodeError
-from powerfusion.frontend.basic import BasicNode, TensorInfo
+from powerfusion.basic import BasicNode, TensorInfo
 from powerfusion.gir.expr import Expr, I, J, U, const, emax, emin, select
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Parallel
-from powerfusion.perfmodel.specs import TargetSpec, get_target
+from powerfusion.targets.specs import TargetSpec, get_target
 
 UNITS_PER_GROUP = 4  # one group size for every template, so that merged templates share it
 

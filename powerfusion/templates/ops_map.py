@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.expr import Expr, Load, const, select, emin, emax
 from powerfusion.templates.common import (builds, Candidate, Ctx, View, and_, contiguous_strides,
                                           contiguous_view, fill_value, in_range, wrap_clamp)

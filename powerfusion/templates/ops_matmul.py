@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.expr import Expr, I, J, U
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,

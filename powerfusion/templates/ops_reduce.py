@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.maps import WIDE_GROUP, WIDE_ROW

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from powerfusion.perfmodel.specs import TargetSpec, get_target
+from powerfusion.targets.specs import TargetSpec, get_target
 
 from .ttype import get_ttype
 

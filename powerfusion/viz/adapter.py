@@ -68,8 +68,8 @@ def _numbered(merged: GIRGraph, trace: tuple[RuleStep, ...], final: GIRGraph | N
 def _template_graphs(sub, graph, target, merged: GIRGraph) -> tuple[TemplateChoice, ...]:
     """Rebuild each chosen candidate's own graph from its label (lower.py keeps only labels)."""
     try:
-        from powerfusion.gir.lower import _Plan
-        plan = _Plan(sub, graph, target)
+        from powerfusion.templates.merge import MergePlan
+        plan = MergePlan(sub, graph, target)
         nodes = {n.name: n for n in plan.nodes}
     except Exception:  # labels alone are still worth showing
         plan, nodes = None, {}
@@ -90,7 +90,7 @@ def _render(renderer, final: GIRGraph):
 
 
 def _renderer(target: str):
-    from powerfusion.perfmodel.specs import get_target
+    from powerfusion.targets.specs import get_target
     try:
         from powerfusion.compiler import renderer_for
     except ImportError:
@@ -100,7 +100,7 @@ def _renderer(target: str):
 
 def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
     """Lower with the default template choice, rewrite, render; stop (and record) at a failure."""
-    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.templates.merge import lower_subgraph
     from powerfusion.rewrite import optimise
     try:
         merged = lower_subgraph(sub, graph, None, target)
@@ -160,7 +160,7 @@ def _compiled(sub, graph, part, target: str, codegen: bool) -> tuple[SubgraphRun
         from powerfusion.compiler import compile_partition
     except ImportError:
         return None, None
-    from powerfusion.frontend.basic import Partition
+    from powerfusion.basic import Partition
     try:
         plan = compile_partition(graph, Partition(graph, part.target, [sub]), target, codegen=codegen)
     except Exception as e:  # noqa: BLE001 -- the default-choice path below shows where it fails
@@ -174,7 +174,7 @@ def _search_note(sub, graph, target: str) -> str | None:
     """The plan search's note (time budget cut, rewrites rejected): the compile above left
     its decision in the plan cache, so this is a lookup, not a second search."""
     try:
-        from powerfusion.perfmodel.search import choose_plan
+        from powerfusion.pipeline.search import choose_plan
         return choose_plan(sub, graph, target).note or None
     except Exception:  # noqa: BLE001 -- the note is extra; the compiled run is shown anyway
         return None
@@ -203,7 +203,7 @@ def _replayed(merged: GIRGraph, final: GIRGraph) -> tuple:
 
 def from_gir(merged: GIRGraph, trace=(), final: GIRGraph | None = None, name: str | None = None) -> ModelRun:
     """Hand-built GIR (tests, notebooks): one pseudo-subgraph, no partition."""
-    from powerfusion.frontend.basic import Subgraph
+    from powerfusion.basic import Subgraph
     trace = _rule_steps(trace)
     final = final if final is not None else (trace[-1].after if trace else merged)
     sub = Subgraph(name or merged.name, (), tuple(merged.inputs), tuple(merged.outputs), 0, 0)

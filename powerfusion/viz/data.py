@@ -54,7 +54,7 @@ def _onnx_key(node) -> str:
 
 
 def partition_data(graph, part) -> dict:
-    from powerfusion.frontend.basic import LibraryCall
+    from powerfusion.basic import LibraryCall
     step_of: dict[str, tuple[str, str]] = {}     # basic node -> (step name, kind)
     steps = []
     for s in part.steps:

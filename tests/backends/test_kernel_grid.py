@@ -76,7 +76,7 @@ def test_transpose_of_k_folds_into_the_matmul_and_the_scale_stays_in_registers()
     broadcast is placed after the q.K^T kernel's sync, next to its Mul, so no kernel writes it
     to global memory."""
     from powerfusion.compiler import compile_model
-    from powerfusion.frontend import basic as B
+    from powerfusion import basic as B
     from powerfusion.gir.ir import Level
     plan = compile_model(_attention(), "cuda")
     nodes = plan.graph.nodes

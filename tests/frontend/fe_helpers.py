@@ -8,7 +8,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from powerfusion.frontend import import_model, run_basic_graph
-from powerfusion.frontend.basic import Subgraph
+from powerfusion.basic import Subgraph
 
 # tolerances per dtype (rtol, atol): float32 sees only reassociation and erf/exp
 # differences; fp16/bf16 are compared with an fp32 reference after rounding inputs
@@ -44,7 +44,7 @@ def make_model(op, feeds: dict, consts: dict | None = None, attrs: dict | None =
 def validate(graph):
     """The basic-graph contract (basic.py): topological order, known tensors, unique names,
     explicit broadcasting, sorted reduce axes."""
-    from powerfusion.frontend.basic import Elementwise, Reduce
+    from powerfusion.basic import Elementwise, Reduce
     known = {t.name for t in graph.inputs} | set(graph.constants)
     assert set(graph.constants) <= set(graph.tensors)
     assert len({n.name for n in graph.nodes}) == len(graph.nodes)

@@ -218,7 +218,7 @@ def test_runtime_attribute_inputs_are_unsupported():
 def test_reshape_with_bad_shape_is_node_error():
     from powerfusion.errors import NodeError
     from powerfusion.frontend.builder import GraphBuilder, NodeCtx
-    from powerfusion.frontend.basic import TensorInfo
+    from powerfusion.basic import TensorInfo
     node = helper.make_node("Reshape", ["x", "s"], ["y"], name="r")
     infos = {"x": TensorInfo("x", (2, 3), np.dtype(np.float32))}
     cx = NodeCtx(node, 17, GraphBuilder(set()), {"s": i64(4, 2)}, infos, 0)

@@ -4,9 +4,9 @@ from onnx import helper
 
 from fe_helpers import check_partition, make_model
 from powerfusion.frontend import import_model, partition
-from powerfusion.frontend.basic import LibraryCall
+from powerfusion.basic import LibraryCall
 from powerfusion.frontend.partition import node_bytes, node_flops
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.targets.specs import get_target
 
 R = np.random.default_rng(3)
 

@@ -9,7 +9,7 @@ from onnx import helper
 
 from fe_helpers import check_partition, make_model
 from powerfusion.frontend import import_model, partition
-from powerfusion.frontend.basic import Subgraph
+from powerfusion.basic import Subgraph
 
 N = 256  # a 256^3 matmul is compute-bound on "cpu" (intensity 42 > ridge 20); a 1x256 GEMV is not
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from powerfusion.errors import PowerFusionError
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.frontend import import_model
 
 

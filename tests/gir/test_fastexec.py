@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.expr import I, J, Load, U
 from powerfusion.gir.fastexec import FastProgram, run_fast
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import (Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Parallel, Reduce,
                                 Scope, Sync)
-from powerfusion.gir.lower import lower_subgraph
+from powerfusion.templates.merge import lower_subgraph
 from powerfusion.rewrite import optimise
 from powerfusion.templates import TEMPLATES, candidates
 from powerfusion.templates.common import buffer_names

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.expr import I, J, Load, U
 from powerfusion.gir.ir import (Broadcast, Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Parallel,
                                 Reduce, Scope, Sync)

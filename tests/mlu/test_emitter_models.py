@@ -2,7 +2,7 @@
 the CPU under the bang_emu.h emulation, against numpy.
 
 Per model: import, partition for mlu370, lower each memory-bound subgraph with its default
-templates and rewrite it (powerfusion.gir.lower + powerfusion.rewrite.optimise), render it
+templates and rewrite it (powerfusion.templates.merge + powerfusion.rewrite.optimise), render it
 with MLURenderer. All kernels of the model go into ONE translation unit with one host
 `main` that runs a chosen subgraph (its kernels in order, through their emitted
 `launch_<kernel>` host launchers), so g++ runs once per model (builds are cached by
@@ -76,9 +76,9 @@ def _compile(name: str):
     from models import small_manifest
     from models.onnx_tools import TensorSpec, sample_inputs
     from powerfusion.frontend import import_model
-    from powerfusion.frontend.basic import Subgraph
+    from powerfusion.basic import Subgraph
     from powerfusion.frontend.partition import partition_graph
-    from powerfusion.gir.lower import _Plan, lower_subgraph
+    from powerfusion.templates.merge import MergePlan, lower_subgraph
     from powerfusion.rewrite import optimise
     graph = import_model(str(SMALL / f"{name}.onnx"))
     specs = [TensorSpec.from_json(d) for d in small_manifest()["models"][name]["inputs"]]
@@ -87,7 +87,7 @@ def _compile(name: str):
     for item in partition_graph(graph, "mlu370").steps:
         if isinstance(item, Subgraph):
             gir, _ = optimise(lower_subgraph(item, graph, None, "mlu370"))
-            names = _Plan(item, graph, "mlu370").names
+            names = MergePlan(item, graph, "mlu370").names
             steps.append((item, gir, {b: t for t, b in names.items()}))
     return graph, feeds, steps
 

@@ -1,7 +1,7 @@
 import pytest
 
 from powerfusion import options
-from powerfusion.perfmodel import plancache
+from powerfusion.pipeline import plancache
 
 
 @pytest.fixture()

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from powerfusion.perfmodel.calibration import HERE, apply_calibration, target_key
+from powerfusion.targets.calibration import HERE, apply_calibration, target_key
 from powerfusion.perfmodel.cost import _per_sm_bandwidth
-from powerfusion.perfmodel.specs import TARGETS, get_target
+from powerfusion.targets.specs import TARGETS, get_target
 
 
 def test_device_names_map_to_targets():

@@ -9,7 +9,7 @@ from powerfusion.gir.expr import I, J, U
 from powerfusion.gir.ir import (Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Parallel, Scope,
                                 Sync)
 from powerfusion.perfmodel.cost import Estimate, estimate, kernel_limits, predict_seconds
-from powerfusion.perfmodel.specs import TARGETS, get_target
+from powerfusion.targets.specs import TARGETS, get_target
 
 H100 = get_target("h100")
 F32 = "float32"

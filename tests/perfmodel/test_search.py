@@ -7,10 +7,10 @@ from onnx import TensorProto as T, helper as h
 
 from powerfusion.frontend import import_model, partition
 from powerfusion.gir.interpreter import run_gir
-from powerfusion.gir.lower import lower_subgraph, _Plan
-from powerfusion.perfmodel import plancache
-from powerfusion.perfmodel.search import choose_plan, optimistic_seconds
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.templates.merge import lower_subgraph, MergePlan
+from powerfusion.pipeline import plancache
+from powerfusion.pipeline.search import choose_plan, optimistic_seconds
+from powerfusion.targets.specs import get_target
 from powerfusion.rewrite import optimise
 
 R, N = 8, 64
@@ -75,7 +75,7 @@ def test_repeated_layer_reuses_the_decision_under_its_own_names(two_layernorms, 
     second = choose_plan(b, graph, H100, limit=8, beam=3)
     assert second.source == "memo" and second.labels == first.labels
     # what a search for `b` with the same template choice would have produced
-    plan = _Plan(b, graph, H100)
+    plan = MergePlan(b, graph, H100)
     picked = {n.name: next(c for c in plan.candidates(n) if c.label == lab) for n, lab in zip(plan.nodes, first.labels)}
     expected, _ = optimise(lower_subgraph(b, graph, picked, H100))
     assert second.graph.ops == expected.ops
@@ -109,7 +109,7 @@ def test_hip_target_plans_for_wavefronts(two_layernorms, cache):
 
 
 def test_choose_plans_searches_each_structure_once(two_layernorms, cache):
-    from powerfusion.perfmodel.search import choose_plans
+    from powerfusion.pipeline.search import choose_plans
     graph, subs = two_layernorms
     out = choose_plans(list(subs), graph, H100, jobs=2, limit=4, beam=2)
     assert [c.source for c in out] == ["search", "memo"]   # one structure: one search, then renamed
@@ -124,7 +124,7 @@ def test_choose_plans_spreads_distinct_structures_over_processes(cache):
                      [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
     subs = partition(graph, "cuda").subgraphs
-    from powerfusion.perfmodel.search import choose_plans
+    from powerfusion.pipeline.search import choose_plans
     out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
     assert [c.source for c in out] == ["disk", "disk"]      # both searched in workers
     assert len(list((cache / "plans").glob("*.pkl"))) == 2

@@ -8,10 +8,10 @@ from onnx import TensorProto as T, helper as h
 
 from powerfusion.frontend import import_model, partition
 from powerfusion.gir.interpreter import run_gir
-from powerfusion.gir.lower import lower_subgraph
-from powerfusion.perfmodel import search
-from powerfusion.perfmodel.search import choose_plan
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.templates.merge import lower_subgraph
+from powerfusion.pipeline import search
+from powerfusion.pipeline.search import choose_plan
+from powerfusion.targets.specs import get_target
 from powerfusion.rewrite import optimise
 
 R, N = 8, 64

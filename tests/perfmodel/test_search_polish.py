@@ -8,8 +8,8 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from powerfusion.frontend import import_model, partition
-from powerfusion.perfmodel import search
-from powerfusion.perfmodel.search import choose_plan
+from powerfusion.pipeline import search
+from powerfusion.pipeline.search import choose_plan
 
 H, T, D = 12, 16384, 64
 

@@ -6,9 +6,9 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from powerfusion.frontend import import_model, partition
-from powerfusion.gir.lower import lower_subgraph, lowering_context
+from powerfusion.templates.merge import lower_subgraph, lowering_context
 from powerfusion.perfmodel.cost import estimate
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.targets.specs import get_target
 from powerfusion.rewrite import optimise
 
 M, N = 256, 65536

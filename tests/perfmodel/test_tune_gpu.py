@@ -9,9 +9,9 @@ from onnx import TensorProto as T, helper as h
 
 from powerfusion import options
 from powerfusion.frontend import import_model, partition
-from powerfusion.perfmodel import plancache
-from powerfusion.perfmodel.search import choose_plan
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.pipeline import plancache
+from powerfusion.pipeline.search import choose_plan
+from powerfusion.targets.specs import get_target
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import numpy as np
 from powerfusion.frontend import import_model, partition, run_basic_graph
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Level, Sync
-from powerfusion.gir.lower import enumerate_plans, lower_subgraph
+from powerfusion.templates.merge import enumerate_plans, lower_subgraph
 from powerfusion.gir.traffic import kernel_count, traffic
 from powerfusion.rewrite import optimise
 from tests.rewrite import example_models as M

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 
 from powerfusion.backends.cuda.renderer import CUDARenderer
 from powerfusion.gir.interpreter import np_dtype, run_gir
-from powerfusion.gir.lower import lower_subgraph
+from powerfusion.templates.merge import lower_subgraph
 from powerfusion.rewrite import optimise
 from tests.rewrite import example_models as M
 from tests.rewrite.test_examples import best_plan

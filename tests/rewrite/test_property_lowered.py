@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from powerfusion.gir.interpreter import run_gir
-from powerfusion.gir.lower import lower_subgraph
+from powerfusion.templates.merge import lower_subgraph
 from powerfusion.gir.traffic import not_worse, traffic
 from powerfusion.gir.verifier import verify
 from powerfusion.rewrite import optimise

@@ -5,7 +5,8 @@ import json
 
 from powerfusion.gir.expr import J, U
 from powerfusion.gir.ir import Elementwise, GOp, Level, MemorySlice, Move, Scope, Sync
-from powerfusion.gir.report import gir_report, inspect_gir
+from powerfusion.gir.report import gir_report
+from powerfusion.pipeline.inspect import inspect_gir
 from powerfusion.gir.traffic import kernel_count, traffic
 from powerfusion.rewrite import optimise
 from tests.rewrite import example_models as M

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.frontend import basic as B
-from powerfusion.frontend.basic import BasicGraph, BasicNode, Origin, Subgraph, TensorInfo
+from powerfusion import basic as B
+from powerfusion.basic import BasicGraph, BasicNode, Origin, Subgraph, TensorInfo
 from powerfusion.gir.interpreter import run_gir
-from powerfusion.gir.lower import lower_subgraph
+from powerfusion.templates.merge import lower_subgraph
 from powerfusion.gir.verifier import verify
 from powerfusion.rewrite import optimise
 

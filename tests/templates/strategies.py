@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.frontend.numpy_exec import EXECUTORS, run_basic_graph
 
 _ORIGIN = B.Origin("random", "Random", 17)

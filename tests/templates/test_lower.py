@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.ir import Level, Scope, Sync
-from powerfusion.gir.lower import (_Plan, _descend, enumerate_plans, lines_up, lower_subgraph,
+from powerfusion.templates.merge import (MergePlan, _descend, enumerate_plans, lines_up, lower_subgraph,
                                    templates_of)
 from tests.templates.helpers import check_lowered
 from tests.templates.strategies import GraphBuilder, basic_cases
 
 
 def lined_up(case, target="cuda"):
-    plan = _Plan(case.subgraph, case.graph, target)
+    plan = MergePlan(case.subgraph, case.graph, target)
     ch = _descend(plan)
     return {(p.name, c.name, b): lines_up(ch[p.name], ch[c.name], b) for p, c, b in plan.internal_edges()}
 
@@ -142,7 +142,7 @@ def test_partial_choice_and_guards():
     """A choice naming one op; the rest default. Templates with fewer units are guarded."""
     case = layernorm_case(5, 100)
     red = next(n for n in case.graph.nodes if isinstance(n.op, B.Reduce))
-    plan = _Plan(case.subgraph, case.graph, "cuda")
+    plan = MergePlan(case.subgraph, case.graph, "cuda")
     grid = next(c for c in plan.candidates(red) if c.name == "reduce.grid")
     gir = lower_subgraph(case.subgraph, case.graph, {red.name: grid})
     check_lowered(case, gir)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from powerfusion.errors import NodeError
-from powerfusion.frontend import basic as B
+from powerfusion import basic as B
 from powerfusion.gir.ir import Level, Scope, Sync
 from tests.templates.helpers import check_node_candidates
 from tests.templates.strategies import GraphBuilder

@@ -15,7 +15,7 @@ def test_shufflenet_subgraphs_lower_and_verify():
     from powerfusion.frontend import import_model, partition
     from powerfusion.frontend.numpy_exec import EXECUTORS
     from powerfusion.gir.interpreter import run_gir
-    from powerfusion.gir.lower import lower_subgraph
+    from powerfusion.templates.merge import lower_subgraph
     from powerfusion.gir.verifier import verify
     from powerfusion.templates.common import sanitize
     from tests.templates.helpers import assert_close

@@ -144,7 +144,7 @@ def session_matmuls():
     compiles them ahead of the tests)."""
     import powerfusion as pf
     from powerfusion.backends.cuda.session import typed_gemm
-    from powerfusion.frontend.basic import TypedMatMul
+    from powerfusion.basic import TypedMatMul
     for build, _ in {**CUDA_SESSION_MODELS, **CUDA_BF16_MODELS}.values():
         sess = pf.InferenceSession(build(), target="cpu")
         for call in sess.partition.library_calls:

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import powerfusion as pf
 from powerfusion.errors import UnsupportedOpError
-from powerfusion.frontend.basic import TypedMatMul
+from powerfusion.basic import TypedMatMul
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -1,5 +1,5 @@
 """Structural tests of viz_data's JSON: every gOperator, every trace step, and the same
-counts as `inspect --gir` (powerfusion.gir.report.inspect_gir)."""
+counts as `inspect --gir` (powerfusion.pipeline.inspect.inspect_gir)."""
 from __future__ import annotations
 
 import json
@@ -87,7 +87,7 @@ def test_syncs_and_slices_described():
 def _inspect(model):
     from powerfusion.frontend import import_model
     from powerfusion.frontend.partition import partition_graph
-    from powerfusion.gir.report import inspect_gir
+    from powerfusion.pipeline.inspect import inspect_gir
     return inspect_gir(partition_graph(import_model(model), "cuda"), target="cuda")
 
 
@@ -176,8 +176,8 @@ def test_kernel_source_lines():
 
 
 def test_lowering_failure_is_shown_not_raised(monkeypatch):
-    import powerfusion.gir.lower as lower
-    from powerfusion.gir.lower import LowerError
+    import powerfusion.templates.merge as lower
+    from powerfusion.templates.merge import LowerError
 
     def refuse(sub, graph, choice=None, target="cuda"):
         raise LowerError(f"no GIR template fits {sub.nodes[0].origin.op_type} (test)")
@@ -215,7 +215,7 @@ def test_a_search_cut_short_by_its_budget_says_so(monkeypatch, tmp_path):
     """The plan search's note (here: a zero time budget) reaches the subgraph's data."""
     from functools import partial
     from powerfusion import options
-    from powerfusion.perfmodel import plancache, search
+    from powerfusion.pipeline import plancache, search
     monkeypatch.setattr(search, "choose_plan", partial(search.choose_plan, budget_s=0))
     plancache.clear_memo()
     try:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from powerfusion.frontend.basic import BasicGraph, Partition, Subgraph
+from powerfusion.basic import BasicGraph, Partition, Subgraph
 from powerfusion.gir.fastexec import FastProgram
 from powerfusion.gir.ir import GIRGraph
-from powerfusion.perfmodel.specs import get_target
+from powerfusion.targets.specs import get_target
 
 CPU_SESSION_TARGET = replace(get_target("cpu"), name="generic-CPU-session")
 
@@ -91,9 +91,9 @@ def compile_cpu_plan(partition: Partition) -> CpuPlan:
 
 def compile_subgraph(sub: Subgraph, graph: BasicGraph) -> CpuKernel:
     """Plan, rewrite and prepare one subgraph; any failure becomes a named fallback."""
-    from powerfusion.gir.lower import _Plan
+    from powerfusion.templates.merge import MergePlan
     try:
-        names = _Plan(sub, graph, CPU_SESSION_TARGET).names
+        names = MergePlan(sub, graph, CPU_SESSION_TARGET).names
         choice = choose_default_plan(sub, graph)
         gir = choice.graph
         inputs = tuple((names[t], t) for t in dict.fromkeys(sub.inputs) if t not in graph.constants)
@@ -110,9 +110,9 @@ def compile_subgraph(sub: Subgraph, graph: BasicGraph) -> CpuKernel:
 def choose_default_plan(sub: Subgraph, graph: BasicGraph):
     """The default plan, rewritten (a search.PlanChoice), cached by structural key like the search's."""
     from powerfusion.errors import PowerFusionError
-    from powerfusion.gir.lower import lower_subgraph
-    from powerfusion.perfmodel import plancache
-    from powerfusion.perfmodel.search import PlanChoice, feasibility
+    from powerfusion.templates.merge import lower_subgraph
+    from powerfusion.pipeline import plancache
+    from powerfusion.pipeline.search import PlanChoice, feasibility
     from powerfusion.rewrite import optimise
     t0 = time.perf_counter()
     t = CPU_SESSION_TARGET
@@ -143,8 +143,8 @@ def choose_default_plan(sub: Subgraph, graph: BasicGraph):
 def _own_constants(g: GIRGraph, sub: Subgraph, graph: BasicGraph) -> GIRGraph:
     """`g` holding this subgraph's constant values. Plan and rewrite caches key on structure,
     not on float constants' values, so a cached graph may carry another subgraph's."""
-    from powerfusion.gir.lower import _Plan
-    names = _Plan(sub, graph, CPU_SESSION_TARGET).names
+    from powerfusion.templates.merge import MergePlan
+    names = MergePlan(sub, graph, CPU_SESSION_TARGET).names
     mine = {names[t]: np.asarray(graph.constants[t]) for t in dict.fromkeys(sub.inputs) if t in graph.constants}
     if set(mine) != {n for n, _ in g.constants}:
         raise RuntimeError(f"cached plan's constants {[n for n, _ in g.constants]} are not the subgraph's {sorted(mine)}")

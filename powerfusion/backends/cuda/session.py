@@ -11,7 +11,7 @@ import numpy as np
 
 from powerfusion.compiler import KernelStep, LibraryStep, Plan, compile_partition
 from powerfusion.errors import PowerFusionError
-from powerfusion.frontend.basic import Conv, MatMul, Partition, TypedMatMul
+from powerfusion.basic import Conv, MatMul, Partition, TypedMatMul
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.runtime.buffers import TensorLife, plan_buffers
@@ -27,7 +27,7 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda.executor import GIRExecutor
         self.plan, self.graph = plan, plan.graph
         g = self.graph
-        from powerfusion.perfmodel.specs import get_target
+        from powerfusion.targets.specs import get_target
         # a cuda plan's kernels were rendered by the CUDA renderer at compile time: not again here
         rendered = get_target(plan.target).backend == "cuda"
         self.executors = {s.name: GIRExecutor(s.gir, sources=s.kernels if rendered else None)

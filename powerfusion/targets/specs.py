@@ -120,7 +120,7 @@ ALIASES = {"cuda": "h200", "hip": "mi250", "mlu": "mlu370"}
 
 
 def get_target(name: str) -> TargetSpec:
-    """The target's spec; where a calibration of that GPU is stored (perfmodel/calibrated/),
+    """The target's spec; where a calibration of that GPU is stored (targets/calibrated/),
     its measured perf-model figures replace the datasheet ones."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in TARGETS:
@@ -131,6 +131,6 @@ def get_target(name: str) -> TargetSpec:
 
 @lru_cache(maxsize=None)
 def _calibrated(key: str) -> TargetSpec:
-    from powerfusion.perfmodel.calibration import apply_calibration, load_calibration
+    from powerfusion.targets.calibration import apply_calibration, load_calibration
     cal = load_calibration(key)
     return apply_calibration(TARGETS[key], cal) if cal else TARGETS[key]

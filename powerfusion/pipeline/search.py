@@ -32,10 +32,10 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from powerfusion.frontend.basic import BasicGraph, Subgraph
+from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.ir import GIRGraph, Level, Sync
 from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
-from powerfusion.perfmodel.specs import TargetSpec, get_target
+from powerfusion.targets.specs import TargetSpec, get_target
 
 TOP_K = 8
 REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
@@ -81,7 +81,7 @@ def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str 
                 budget_s: float | None = SEARCH_BUDGET_S) -> PlanChoice:
     """The best plan the model (or, with tune=True, the device) finds for `subgraph`
     (among the plans whose rewriting fits in `budget_s` seconds; None: no time limit)."""
-    from powerfusion.perfmodel import plancache
+    from powerfusion.pipeline import plancache
     t0 = time.perf_counter()
     t = get_target(target) if isinstance(target, str) else target
     key = plancache.structural_key(subgraph, graph, t)
@@ -100,7 +100,7 @@ def choose_plans(subgraphs, graph: BasicGraph, target: TargetSpec | str = "cuda"
                  **kw) -> list[PlanChoice]:
     """choose_plan for every subgraph of a model: one search per distinct structural key (the
     rest are cache hits), the distinct searches spread over `jobs` forked processes."""
-    from powerfusion.perfmodel import plancache
+    from powerfusion.pipeline import plancache
     t = get_target(target) if isinstance(target, str) else target
     keys = [plancache.structural_key(s, graph, t) for s in subgraphs]
     first = list({k: i for i, k in reversed(list(enumerate(keys)))}.values())
@@ -151,7 +151,7 @@ class _Cand:
 
 def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
             limit: int, budget_s: float | None = None) -> PlanChoice:
-    from powerfusion.gir.lower import LowerError, enumerate_plans, lower_subgraph, lowering_context
+    from powerfusion.templates.merge import LowerError, enumerate_plans, lower_subgraph, lowering_context
     ctx = lowering_context(sub, graph, t)   # one memo of matched edges for every plan
     plans = [None] + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
@@ -227,7 +227,7 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     top = valid[:TOP_K]
     measured = {}
     if tune:
-        from powerfusion.perfmodel.tune import time_graphs
+        from powerfusion.pipeline.tune import time_graphs
         times = time_graphs([c.optimised for c in top])
         measured = {id(c): s for c, s in zip(top, times)}
         top = sorted(top, key=lambda c: measured.get(id(c), math.inf))
@@ -252,7 +252,7 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
     two anchors' choices (decode attention's q.K^T with its probs.V) is often not among its
     plans. Alternatives go in bound order, at most `limit` rewrites, within the time budget.
     Returns (CPU seconds spent so far, rewrites done, plans it lowered)."""
-    from powerfusion.gir.lower import LowerError, lower_subgraph
+    from powerfusion.templates.merge import LowerError, lower_subgraph
     valid = [c for c in cands if c.optimised is not None and not c.note]
     if not valid or limit < 1:
         return spent, 0, 0
@@ -299,7 +299,7 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
 
 def _family_labels(ctx) -> set:
     """Template labels (per op, lowering order) of the family descents enumerate_plans offers."""
-    from powerfusion.gir.lower import _descend, _families
+    from powerfusion.templates.merge import _descend, _families
     out = set()
     for f in _families(ctx):
         try:

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from powerfusion.frontend.basic import BasicGraph, Subgraph
+from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var
 from powerfusion.gir.ir import GIRGraph, MemorySlice
-from powerfusion.perfmodel.specs import TargetSpec
+from powerfusion.targets.specs import TargetSpec
 
 FORMAT = 2
 _MEMO: dict[str, tuple] = {}   # key -> (PlanChoice as built for the first subgraph seen, its _Names)
-_CODE_DIRS = ("gir", "templates", "rewrite", "perfmodel")
+_CODE_DIRS = ("gir", "templates", "rewrite", "perfmodel", "pipeline", "targets")
 
 
 @lru_cache(maxsize=1)
@@ -89,9 +89,9 @@ class _Names:
 
 
 def _names(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> _Names:
-    from powerfusion.gir.lower import _Plan
+    from powerfusion.templates.merge import MergePlan
     from powerfusion.templates.common import sanitize
-    plan = _Plan(sub, graph, t)
+    plan = MergePlan(sub, graph, t)
     order = list(dict.fromkeys(x for n in sub.nodes for x in n.inputs + n.outputs))
     prefix = sanitize(sub.name)
     return _Names(tuple(plan.names[x] for x in order), tuple(sanitize(f"{prefix}_{n.name}") for n in sub.nodes),
@@ -170,8 +170,8 @@ def rebind(choice, old: _Names, sub: Subgraph, graph: BasicGraph, t: TargetSpec)
 
 
 def _constant_names(sub: Subgraph, graph: BasicGraph, t: TargetSpec):
-    from powerfusion.gir.lower import _Plan
-    plan = _Plan(sub, graph, t)
+    from powerfusion.templates.merge import MergePlan
+    plan = MergePlan(sub, graph, t)
     return [(x, plan.names[x]) for x in dict.fromkeys(sub.inputs) if x in graph.constants]
 
 

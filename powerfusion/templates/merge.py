@@ -27,7 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from powerfusion.errors import PowerFusionError
-from powerfusion.frontend.basic import BasicGraph, Reshape, Subgraph
+from powerfusion.basic import BasicGraph, Reshape, Subgraph
 from powerfusion.gir.expr import U, loads
 from powerfusion.gir.ir import GIRGraph, GOp, Level, Parallel, Scope, Sync, units_key
 from powerfusion.templates import candidates as node_candidates
@@ -41,7 +41,7 @@ class LowerError(PowerFusionError):
 
 # ---- naming and candidates ------------------------------------------------------------
 
-class _Plan:
+class MergePlan:
     """Per-subgraph lowering context: buffer names, aliases, candidate lists."""
 
     def __init__(self, sub: Subgraph, graph: BasicGraph, target):
@@ -244,7 +244,7 @@ def same_tiles(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
     return bool(ws) and ws == rs
 
 
-def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2,
+def _descend(plan: MergePlan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2,
              family: tuple | None = None) -> dict[str, Candidate]:
     """Coordinate descent over the ops' candidates, maximising lined-up edges. `family`
     (vector width, units per row) breaks the remaining ties towards candidates of that family,
@@ -258,7 +258,7 @@ def _descend(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int
     return _descend_from(plan, fixed, sweeps, family)
 
 
-def _descend_from(plan: _Plan, fixed: dict[str, Candidate], sweeps: int, family: tuple | None) -> dict[str, Candidate]:
+def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, family: tuple | None) -> dict[str, Candidate]:
     # the edges each node takes part in, in edge order (scoring a node looks at these only)
     edges: dict[int, list] = {}
     for e in plan.internal_edges():
@@ -309,7 +309,7 @@ def _descend_from(plan: _Plan, fixed: dict[str, Candidate], sweeps: int, family:
 
 
 def default_choice(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> dict[str, Candidate]:
-    return _best_descent(_Plan(subgraph, graph, target))
+    return _best_descent(MergePlan(subgraph, graph, target))
 
 
 def _per_row(c: Candidate) -> int | None:
@@ -326,7 +326,7 @@ def _family_score(c: Candidate, family: tuple) -> int:
     return (getattr(c.params, "vec", None) == vec) + 2 * (per_row is not None and _per_row(c) == per_row)
 
 
-def _families(plan: _Plan) -> list[tuple]:
+def _families(plan: MergePlan) -> list[tuple]:
     """(vector width, units per row) pairs the candidates offer: the widest vector with every
     units-per-row first (one unit per row first), then narrower vectors: the search rewrites the
     families in this order, so a time budget cut short still compares the parallel structures."""
@@ -336,11 +336,11 @@ def _families(plan: _Plan) -> list[tuple]:
     return [(w, r) for w in ws for r in rows or [None]]
 
 
-def _lined_up(plan: _Plan, choice: dict[str, Candidate]) -> int:
+def _lined_up(plan: MergePlan, choice: dict[str, Candidate]) -> int:
     return sum(plan.match(choice[p.name], choice[c.name], b)[0] for p, c, b in plan.internal_edges())
 
 
-def _best_descent(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
+def _best_descent(plan: MergePlan, fixed: dict[str, Candidate] | None = None, sweeps: int = 2) -> dict[str, Candidate]:
     """The descent with the most lined-up edges over the family preferences (ties: the first
     family of `_families`, then no preference)."""
     best, best_n = None, -1
@@ -352,26 +352,26 @@ def _best_descent(plan: _Plan, fixed: dict[str, Candidate] | None = None, sweeps
     return best
 
 
-def lowering_context(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> _Plan:
+def lowering_context(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> MergePlan:
     """Names, candidates and the memo of matched edges for one subgraph: passed to
     enumerate_plans and lower_subgraph, the search lowers every plan without matching the same
     producer/consumer pair twice."""
-    return _Plan(subgraph, graph, target)
+    return MergePlan(subgraph, graph, target)
 
 
-def _default_descent(plan: _Plan) -> dict[str, Candidate]:
+def _default_descent(plan: MergePlan) -> dict[str, Candidate]:
     if plan.default is None:
         plan.default = _best_descent(plan)
     return dict(plan.default)
 
 
 def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
-                    limit: int = 16, ctx: _Plan | None = None) -> list[dict[str, Candidate]]:
+                    limit: int = 16, ctx: MergePlan | None = None) -> list[dict[str, Candidate]]:
     """Template choices for the perf-model search: the default first, then for every op and
     every other candidate of it, the plan with that candidate fixed and the rest re-matched
     around it (so whole families -- all row-per-unit, all column-wise -- appear). Deduplicated.
     `ctx`: a lowering_context of the same subgraph, graph and target to share."""
-    plan = ctx or _Plan(subgraph, graph, target)
+    plan = ctx or MergePlan(subgraph, graph, target)
     plans, seen = [], set()
 
     def add(ch):
@@ -398,10 +398,10 @@ def enumerate_plans(subgraph: Subgraph, graph: BasicGraph, target="cuda",
 # ---- merging ---------------------------------------------------------------------------
 
 def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = None, target="cuda",
-                   ctx: _Plan | None = None) -> GIRGraph:
+                   ctx: MergePlan | None = None) -> GIRGraph:
     """One GIR graph for the subgraph: one candidate per op (default_choice where not given).
     `ctx`: a lowering_context of the same subgraph, graph and target to share."""
-    plan = ctx or _Plan(subgraph, graph, target)
+    plan = ctx or MergePlan(subgraph, graph, target)
     given = {n.name: choice[n.name] for n in plan.nodes if choice and n.name in choice}
     if choice and len(given) == len(plan.nodes):
         chosen = {n.name: plan.rebind(n, given[n.name]) for n in plan.nodes}
@@ -413,7 +413,7 @@ def lower_subgraph(subgraph: Subgraph, graph: BasicGraph, choice: dict | None = 
     return merge(plan, parts)
 
 
-def merge(plan: _Plan, parts) -> GIRGraph:
+def merge(plan: MergePlan, parts) -> GIRGraph:
     sub, graph = plan.sub, plan.graph
     if not parts:
         raise LowerError(f"subgraph {sub.name} has nothing to compute (only aliases)")
@@ -491,7 +491,7 @@ def _sources_late(parts, constants) -> list[tuple[list, tuple]]:
     return out
 
 
-def _global_buffer(plan: _Plan, t: str):
+def _global_buffer(plan: MergePlan, t: str):
     from powerfusion.gir.ir import Buffer
     info = plan.graph.tensors[t]
     return Buffer(plan.names[t], Level.GLOBAL, max(info.size, 1), np.dtype(info.dtype).name)

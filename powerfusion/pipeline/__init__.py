@@ -1,0 +1,1 @@
+"""The compile pipeline around the core: plan search, plan cache, tuning and plan files."""

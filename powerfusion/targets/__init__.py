@@ -1,0 +1,1 @@
+"""Target hardware: specs (memory levels, limits, backend name) and measured calibration."""
