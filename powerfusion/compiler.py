@@ -15,6 +15,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from powerfusion.backends.registry import backend
 from powerfusion.basic import BasicGraph, LibraryCall, Partition, Subgraph
 
 
@@ -65,21 +66,6 @@ class Plan:
         return sum(len(s.gir.kernels()) for s in self.kernel_steps)
 
 
-RENDERERS = {
-    "cuda": "powerfusion.backends.cuda.renderer:CUDARenderer",
-    "hip": "powerfusion.backends.hip.renderer:HIPRenderer",
-    "mlu": "powerfusion.backends.mlu.renderer:MLURenderer",
-}
-
-
-def renderer_for(backend: str):
-    import importlib
-    if backend not in RENDERERS:
-        return None
-    module, cls = RENDERERS[backend].split(":")
-    return getattr(importlib.import_module(module), cls)()
-
-
 class _Timer:
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -112,7 +98,7 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
     """The search and codegen steps for an already imported and partitioned model."""
     from powerfusion.targets.specs import get_target
     timer = timer or _Timer()
-    renderer = renderer_for(get_target(target).backend) if codegen else None
+    renderer = backend(get_target(target).backend).load_renderer() if codegen else None
     steps, memo = [], {}
     for k, item in enumerate(part.steps):
         if isinstance(item, LibraryCall):

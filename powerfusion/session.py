@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from powerfusion import options as _options
+from powerfusion.backends import registry
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
                                         TensorInfo, TypedMatMul)
@@ -30,9 +31,6 @@ from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, comp
 # An executor maps feeds (validated, by graph input name) to a dict holding at least
 # every graph output; the CPU one returns every tensor it computed.
 Executor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-RUNNABLE_BACKENDS = ("cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class NodeArg:
@@ -63,11 +61,11 @@ class InferenceSession:
 
         self.options = _options.current().replace(**dict(options or {}))
         self.target = target or self.options.target
-        backend = get_target(self.target).backend  # unknown names raise a PowerFusionError
-        if backend not in RUNNABLE_BACKENDS:
+        entry = registry.backend(get_target(self.target).backend)  # unknown names raise a PowerFusionError
+        if entry.runtime is None:
             raise PowerFusionError(
-                f"target '{self.target}' ({backend}) can be compiled (`powerfusion compile`) but not run "
-                f"from Python here; runnable backends: {', '.join(RUNNABLE_BACKENDS)}")
+                f"target '{self.target}' ({entry.name}) can be compiled (`powerfusion compile`) but not run "
+                f"from Python here; runnable backends: {', '.join(registry.runnable_backends())}")
         if isinstance(model, (bytes, bytearray)):
             import onnx
             model = onnx.load_from_string(bytes(model))
@@ -78,8 +76,8 @@ class InferenceSession:
         self.partition: Partition = partition(self.graph, target=self.target)
         self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
         self.cpu_plan: CpuPlan | None = None
-        if backend == "cuda":
-            self._executor: Executor = _cuda_executor(self.partition, self.options)
+        if entry.name != "cpu":
+            self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
         else:
             self.cpu_plan = compile_cpu_plan(self.partition)
             self._executor = lambda feeds: execute_partition(self.partition, feeds, self.profile, self.cpu_plan)
@@ -156,14 +154,15 @@ def _describe(t: TensorInfo) -> str:
     return f"'{t.name}' {tuple(t.shape)} {np.dtype(t.dtype).name}"
 
 
-def _cuda_executor(partition: Partition, opts) -> Executor:
-    """The CUDA backend provides `make_executor(partition, options) -> Executor`; it is optional."""
+def _runtime_executor(entry, partition: Partition, opts) -> Executor:
+    """A GPU backend's registered runtime, `make_executor(partition, options) -> Executor`; its
+    dependencies (a GPU library such as CuPy) are optional installs."""
     try:
-        from powerfusion.backends.cuda.session import make_executor
+        make_executor = entry.load_runtime()
     except ImportError as e:
         raise PowerFusionError(
-            f"the cuda target is not available here ({e}). It needs an NVIDIA GPU and CuPy "
-            "(pip install 'powerfusion[cuda]'); use target='cpu' otherwise.") from None
+            f"the {entry.name} target is not available here ({e}). It needs {entry.requires}; "
+            "use target='cpu' otherwise.") from None
     return make_executor(partition, opts)
 
 

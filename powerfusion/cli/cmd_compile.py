@@ -5,7 +5,6 @@ from powerfusion.cli.common import add_model_arguments, check_model_path, parse_
 from powerfusion.errors import PowerFusionError
 
 HELP = "compile a model to kernel sources and a plan.json (library calls, kernels, buffers)"
-EXTENSIONS = {"cuda": ".cu", "hip": ".hip", "mlu": ".mlu"}
 
 
 def add_arguments(p) -> None:
@@ -24,13 +23,15 @@ def main(args) -> int:
     from powerfusion import compile_cache
     from powerfusion.targets.specs import get_target
     t0 = time.perf_counter()
-    backend = get_target(args.target).backend
-    if backend not in EXTENSIONS:
-        raise PowerFusionError(f"target '{args.target}' ({backend}) has no source backend; use cuda, hip or mlu")
+    from powerfusion.backends.registry import backend, source_backends
+    entry = backend(get_target(args.target).backend)
+    if entry.extension is None:
+        raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "
+                               f"{', '.join(source_backends())}")
     model, shapes = check_model_path(args.model), parse_shapes(args.shapes)
     use_cache = not (args.no_cache or args.tune)
     if use_cache:
-        key, hash_s = compile_cache.compile_key(model, args.target, shapes, EXTENSIONS[backend])
+        key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)
         hit = compile_cache.lookup(key, args.output)
         if hit is not None:
             _print_summary(args, hit.summary)
@@ -47,7 +48,7 @@ def main(args) -> int:
     compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
     plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
     t2 = time.perf_counter()
-    path = write_plan(plan, args.output, EXTENSIONS[backend])
+    path = write_plan(plan, args.output, entry.extension)
     t3 = time.perf_counter()
     summary = {"kernels": sum(len(s.kernels) for s in plan.kernel_steps), "subgraphs": len(plan.kernel_steps),
                "library_calls": len(plan.library_steps)}

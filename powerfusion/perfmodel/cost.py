@@ -27,6 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from powerfusion.backends.registry import backend
 from powerfusion.gir.expr import evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units
@@ -114,8 +115,9 @@ def kernel_limits(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, regs: in
     if shared > occ.shared_per_group_max:
         return KernelLimits(regs, shared, 0, "shared", f"{shared} B shared memory per group > "
                             f"{occ.shared_per_group_max} B on {t.name}")
-    if P.units_per_group * P.lanes > 1024 and t.backend in ("cuda", "hip"):
-        return KernelLimits(regs, shared, 0, "group", f"{P.units_per_group * P.lanes} threads per group > 1024")
+    limit = backend(t.backend).max_group_threads
+    if limit is not None and P.units_per_group * P.lanes > limit:
+        return KernelLimits(regs, shared, 0, "group", f"{P.units_per_group * P.lanes} threads per group > {limit}")
     regs_used = min(regs + occ.reg_overhead, occ.max_regs_per_lane)
     per_sm = {"units": occ.units_per_sm // P.units_per_group, "groups": occ.groups_per_sm,
               "registers": occ.regs_per_sm // max(1, regs_used * P.lanes * P.units_per_group),
@@ -168,27 +170,15 @@ STREAMED_REGS = 64   # registers per lane of a streamed kernel (measured 32-62 o
 
 
 def _streamed(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec) -> list[GOp] | None:
-    """The ops as the C renderers will execute them when they stream the kernel's long tiles
-    (backends/c_streaming.py): the rows' recomputing loads appear again in each later loop
-    (another pass over the input), and no tile is whole in registers. None when the kernel is
-    not streamed (or the target has no C renderer)."""
-    if t.backend not in ("cuda", "hip"):
+    """The ops as the target's renderer will execute them when it streams the kernel's long
+    tiles (its registered cost hook `streamed_ops`); None when the kernel is not streamed (or
+    the target's backend registers no such hook)."""
+    entry = backend(t.backend)
+    hooks = entry.load_cost_hooks()
+    if hooks is None:
         return None
-    from powerfusion.backends.c_streaming import STREAM_SLOTS, Run, stream_segments
-    if _registers_per_lane(graph, ops, graph.parallel.lanes) < STREAM_SLOTS:
-        return None
-    from powerfusion.backends.c_lowering import KernelLowering
-    if t.backend == "cuda":
-        from powerfusion.backends.cuda.renderer import CUDARenderer as R
-    else:
-        from powerfusion.backends.hip.renderer import HIPRenderer as R
-    try:
-        segs = stream_segments(KernelLowering(R(), graph, ops, "cost"))
-    except Exception:   # a layout the renderer rejects: the search's feasibility check says so
-        return None
-    if segs is None:
-        return None
-    return [o for seg in segs for o in (seg.ops if isinstance(seg, Run) else (seg,))]
+    return hooks.streamed_ops(entry.load_renderer(), graph, ops,
+                              _registers_per_lane(graph, ops, graph.parallel.lanes))
 
 
 def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spills: bool = True) -> Estimate:

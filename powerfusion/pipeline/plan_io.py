@@ -25,7 +25,7 @@ from powerfusion.gir.ir import Level
 
 
 def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
-    from powerfusion.backends.c_renderer import sanitize
+    from powerfusion.names import sanitize
     from powerfusion.runtime.buffers import TensorLife, plan_buffers
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
 
 
 def _kernels_json(s: KernelStep, out: Path, extension: str) -> dict:
-    from powerfusion.backends.c_renderer import sanitize
+    from powerfusion.names import sanitize
     kernels = []
     for ks in s.kernels:
         f = f"{ks.name}{extension}"

@@ -32,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from powerfusion.backends.registry import backend
 from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.ir import GIRGraph, Level, Sync
 from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
@@ -389,7 +390,7 @@ def feasibility(g: GIRGraph, t: TargetSpec) -> str:
             return f"verifier: {e}"[:300]
     renderer = _renderer(t)
     if renderer is not None:
-        from powerfusion.backends.c_renderer import RenderError
+        from powerfusion.backends.source import RenderError
         try:
             renderer.render(g)
         except RenderError as e:
@@ -398,13 +399,9 @@ def feasibility(g: GIRGraph, t: TargetSpec) -> str:
 
 
 def _renderer(t: TargetSpec):
-    if t.backend == "cuda":
-        from powerfusion.backends.cuda.renderer import CUDARenderer
-        return CUDARenderer()
-    if t.backend == "hip":
-        from powerfusion.backends.hip.renderer import HIPRenderer
-        return HIPRenderer()
-    return None
+    """The renderer the search tries each candidate on, where the target's backend asks for it."""
+    entry = backend(t.backend)
+    return entry.load_renderer() if entry.render_in_search else None
 
 
 def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:

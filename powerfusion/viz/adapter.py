@@ -91,11 +91,8 @@ def _render(renderer, final: GIRGraph):
 
 def _renderer(target: str):
     from powerfusion.targets.specs import get_target
-    try:
-        from powerfusion.compiler import renderer_for
-    except ImportError:
-        return None
-    return renderer_for(get_target(target).backend)
+    from powerfusion.backends.registry import backend
+    return backend(get_target(target).backend).load_renderer()
 
 
 def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:

@@ -21,7 +21,7 @@ from conftest import require_tool  # noqa: E402
 
 from powerfusion.backends.cuda.renderer import CUDARenderer  # noqa: E402
 from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
-from powerfusion.backends.c_renderer import sanitize  # noqa: E402
+from powerfusion.names import sanitize  # noqa: E402
 from powerfusion.gir.interpreter import np_dtype, run_gir  # noqa: E402
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (1e-3, 1e-5), "bfloat16": (8e-3, 1e-5)}

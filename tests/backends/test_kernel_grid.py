@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from powerfusion.backends.c_lowering import FEW_UNITS, unit_bound
+from powerfusion.backends.cstyle.kernel import FEW_UNITS, unit_bound
 from powerfusion.gir.expr import I, J, U
 
 B, H, T, D = 2, 3, 256, 64

@@ -1,6 +1,6 @@
 """Long rows (LayerNorm / RMSNorm / softmax over 65536 elements): the CUDA lowering streams the
 row tiles one row-iteration at a time and recomputes a tile a later loop needs from its
-loads (c_streaming.py) instead of spilling 2048 slots per lane.
+loads (streaming.py) instead of spilling 2048 slots per lane.
 
 CPU: the emitted kernels stream (no whole-row register arrays) and compile with nvcc with at
 most a few bytes spilled. GPU (marked): the session matches a float64 numpy reference: fp32 within 1e-4,
@@ -95,7 +95,7 @@ def test_long_rows_stream_and_compile_without_spills(kind, dtype):
 
 def test_independent_sums_over_a_streamed_row_share_one_loop():
     """sum(x) and sum(x * x) over rows of 65536 (a block per row): nothing between the two
-    streamed reductions feeds the second, so they run in one loop (c_streaming._merge_siblings)
+    streamed reductions feeds the second, so they run in one loop (streaming._merge_siblings)
     and the row is loaded twice in all (statistics, then the output), not three times."""
     from powerfusion.compiler import compile_model
     rows = 256

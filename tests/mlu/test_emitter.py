@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "tests" / "backends"))
 from harness import run_bang  # noqa: E402
 import gir_cases  # noqa: E402
 
-from powerfusion.backends.c_renderer import RenderError, sanitize  # noqa: E402
+from powerfusion.backends.source import RenderError
+from powerfusion.names import sanitize  # noqa: E402
 from powerfusion.backends.mlu.renderer import MLURenderer  # noqa: E402
 from powerfusion.gir.expr import I, J, U  # noqa: E402
 from powerfusion.gir.interpreter import run_gir  # noqa: E402

@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 from harness import _build, _read_log  # noqa: E402
 
-from powerfusion.backends.c_renderer import sanitize  # noqa: E402
+from powerfusion.names import sanitize  # noqa: E402
 from powerfusion.backends.mlu.renderer import MLURenderer  # noqa: E402
 from powerfusion.gir.interpreter import np_dtype  # noqa: E402
 from powerfusion.gir.ir import Level  # noqa: E402

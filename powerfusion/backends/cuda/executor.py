@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.backends.c_renderer import KernelSource
+from powerfusion.backends.source import KernelSource
 from powerfusion.gir.interpreter import np_dtype
 
 

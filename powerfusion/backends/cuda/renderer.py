@@ -1,7 +1,7 @@
 """CUDA: the shared C renderer as is (warps of 32, shared memory, __shfl_xor_sync)."""
 from __future__ import annotations
 
-from powerfusion.backends.c_renderer import CRenderer
+from powerfusion.backends.cstyle.renderer import CRenderer
 
 
 class CUDARenderer(CRenderer):

@@ -1,12 +1,12 @@
 """HIP: the shared C renderer with 64-lane wavefronts, LDS and HIP's spellings."""
 from __future__ import annotations
 
-from powerfusion.backends.c_renderer import CRenderer
+from powerfusion.backends.cstyle.renderer import CRenderer
 
 
 class HIPRenderer(CRenderer):
     lanes = 64
-    extension = ".hip"
+    # HIP compiles the CUDA skeleton as is (threadIdx, blockIdx, extern __shared__), so it keeps skeleton_package
     header = ("#include <hip/hip_runtime.h>\n#include <hip/hip_fp16.h>\n#include <hip/hip_bfloat16.h>\n"
               "#include <math.h>")
     warp_sync = "__builtin_amdgcn_wave_barrier()"

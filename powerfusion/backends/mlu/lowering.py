@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from powerfusion.names import UniqueNames
 
-from powerfusion.backends.c_lowering import _op_line_ranges
-from powerfusion.backends.c_renderer import KernelSource, RenderError
+from powerfusion.backends.source import op_line_ranges
+from powerfusion.backends.source import KernelSource, RenderError
 from powerfusion.backends.mlu.ops import Frame, OpEmitter
 from powerfusion.gir.expr import BinOp, Const, U, loads
 from powerfusion.gir.interpreter import np_dtype
@@ -31,7 +31,7 @@ def _up(n: int, a: int = ALIGN) -> int:
 
 class MLUKernel(OpEmitter):
     def __init__(self, renderer, graph: GIRGraph, ops: tuple[GOp, ...], name: str):
-        from powerfusion.backends.c_renderer import sanitize
+        from powerfusion.names import sanitize
         self.r, self.graph, self.ops, self.name = renderer, graph, ops, name
         self.sanitize = sanitize
         self.P = graph.parallel
@@ -283,7 +283,7 @@ class MLUKernel(OpEmitter):
             sram_check=f'  static_assert({sram} <= PF_SRAM_BYTES, "SRAM arena too small for {self.name}");\n'
             if sram else "",
             args=", ".join(self.ptr(b) for b, _, _ in plist), tasks=tasks, ftype=ftype)
-        return KernelSource(self.name, src, (tasks, 1, 1), (1, 1, 1), sram, tuple(plist), _op_line_ranges(src))
+        return KernelSource(self.name, src, (tasks, 1, 1), (1, 1, 1), sram, tuple(plist), op_line_ranges(src))
 
     def _params(self):
         used, written = [], set()

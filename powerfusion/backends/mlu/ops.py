@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerfusion.backends.c_renderer import RenderError
+from powerfusion.backends.source import RenderError
 from powerfusion.backends.mlu.slices import (SPACE, Raw, c_index, const_value, direction, flat_start, row_start,
                                              row_stride)
 from powerfusion.gir.expr import Const, substitute

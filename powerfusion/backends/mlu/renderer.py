@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 
-from powerfusion.backends.c_renderer import KernelSource, RenderError, sanitize
+from powerfusion.backends.source import KernelSource, RenderError
+from powerfusion.names import sanitize
 from powerfusion.gir.ir import GIRGraph, GOp, Level, Scope, Sync
 from powerfusion.scalar import scalar_fn
 
@@ -41,7 +42,6 @@ class MLURenderer:
     """BANG C for MLU370; `render(gir)` returns one KernelSource per kernel (grid = task
     dimension, block = (1, 1, 1); the launcher in the source carries the function type)."""
     lanes = 1
-    extension = ".mlu"
     nram_bytes = NRAM_BYTES
     sram_bytes = SRAM_BYTES
     cores_per_cluster = CORES_PER_CLUSTER

@@ -1,10 +1,10 @@
 """One C-style renderer for GPU backends: a rewritten GIR graph -> kernel sources.
 
-A backend subclass supplies only its dialect (lanes, spellings, type names,
-conversions) and its toolchain; the instruction templates per gOperator kind live
-in templates/c_ops.j2 and the kernel skeleton in templates/c_kernel.j2.
+A dialect subclass supplies its spellings (lanes, type names, conversions, barriers) and its
+kernel skeleton (`skeleton_package`/templates/`skeleton`, a jinja2 template); the instruction
+mapping per gOperator kind lives in kernel.py.
 
-Mapping (DESIGN.md): parallel unit = warp / wavefront; a group = a block of
+Mapping (docs/design.md): parallel unit = warp / wavefront; a group = a block of
 `units_per_group` units; REGISTER buffers are distributed over the unit's lanes
 (element (i, j) lives in lane (j // vec) % lanes at local slot
 i * (width / lanes) + (j // (vec * lanes)) * vec + j % vec) or, for width-1 tiles,
@@ -13,46 +13,23 @@ replicated in every lane; SHARED buffers are per-block arrays; WARP syncs are
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import jinja2
 
+from powerfusion.backends.cstyle.kernel import KernelLowering, c_float
+from powerfusion.backends.source import KernelSource
 from powerfusion.gir.ir import GIRGraph
-from powerfusion.names import sanitize  # noqa: F401  (re-exported for backends)
+from powerfusion.names import sanitize
 from powerfusion.scalar import scalar_fn
-
-
-
-def c_float(x: float) -> str:
-    if math.isnan(x):
-        return "(__int_as_float(0x7fc00000))"
-    if math.isinf(x):
-        return "(-INFINITY)" if x < 0 else "(INFINITY)"
-    return f"{float(x)!r}f"
-
-
-class RenderError(Exception):
-    """The GIR graph uses a layout this renderer does not implement (a template/rule bug)."""
-
-
-@dataclass(frozen=True)
-class KernelSource:
-    name: str
-    source: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int
-    params: tuple[tuple[str, str, bool], ...]   # (buffer name, dtype, written)
-    op_lines: dict = field(default_factory=dict, compare=False)  # op uid -> (first line, last line)
 
 
 class CRenderer:
     """CUDA-flavoured defaults; HIP overrides a handful of attributes."""
     lanes = 32
-    extension = ".cu"
+    skeleton_package = "powerfusion.backends.cuda"   # the dialect's folder holding templates/<skeleton>
+    skeleton = "kernel.j2"
     kernel_prefix = 'extern "C" __global__'
     header = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <math_constants.h>"
     barrier = "__syncthreads()"
@@ -71,13 +48,12 @@ class CRenderer:
 
     @cached_property
     def env(self) -> jinja2.Environment:
-        env = jinja2.Environment(loader=jinja2.PackageLoader("powerfusion.backends", "templates"),
+        env = jinja2.Environment(loader=jinja2.PackageLoader(self.skeleton_package, "templates"),
                                  trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
         return env
 
     # ---- public -------------------------------------------------------------------
     def render(self, graph: GIRGraph) -> list[KernelSource]:
-        from powerfusion.backends.c_lowering import KernelLowering
         out = []
         for k, ops in enumerate(graph.kernels()):
             out.append(KernelLowering(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render())

@@ -192,7 +192,7 @@ def row_view(s: MemorySlice, run: Run) -> MemorySlice:
 
 def render_run(low, run: Run) -> list[str]:
     """C lines of a streamed run (inside the unit's guard, which the caller adds)."""
-    from powerfusion.backends.c_lowering import INSTRUCTIONS, _accumulator
+    from powerfusion.backends.cstyle.kernel import INSTRUCTIONS, _accumulator
     L = low.r.lanes
     per = run.width // L
     pre, body, post = [], [], []

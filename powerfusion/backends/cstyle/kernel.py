@@ -8,8 +8,11 @@ from powerfusion.names import UniqueNames
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
+from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
@@ -26,6 +29,14 @@ _INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({
 
 _U = U
 FEW_UNITS = 1024   # a kernel with at most this many units launches one unit per group (see units_per_group)
+
+
+def c_float(x: float) -> str:
+    if math.isnan(x):
+        return "(__int_as_float(0x7fc00000))"
+    if math.isinf(x):
+        return "(-INFINITY)" if x < 0 else "(INFINITY)"
+    return f"{float(x)!r}f"
 
 
 def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
@@ -56,7 +67,7 @@ class KernelLowering:
         if self.P.lanes != renderer.lanes:
             raise _err(f"GIR graph {graph.name} was planned for {self.P.lanes} lanes per unit, "
                        f"the target has {renderer.lanes}")
-        from powerfusion.backends.c_renderer import sanitize
+        from powerfusion.names import sanitize
         self.sanitize = sanitize
         self._names = UniqueNames()
         self.reg = self._register_layouts()
@@ -310,8 +321,7 @@ class KernelLowering:
 
     # ---- assembly -------------------------------------------------------------------------
     def render(self):
-        from powerfusion.backends.c_renderer import KernelSource
-        from powerfusion.backends.c_streaming import Run, render_run, stream_segments
+        from powerfusion.backends.cstyle.streaming import Run, render_run, stream_segments
         body = []
         segments = stream_segments(self)
         streamed = {b for seg in segments or () if isinstance(seg, Run) for b in seg.local}
@@ -365,13 +375,13 @@ class KernelLowering:
         upg = self.units_per_group(units)
         threads = upg * self.r.lanes
         groups = -(-units // upg)
-        src = self.r.env.get_template("c_kernel.j2").render(
+        src = self.r.env.get_template(self.r.skeleton).render(
             header=self.r.header, graph_name=self.sanitize(self.graph.name), name=self.name,
             index_type="long long" if big else "int", kernel_prefix=self.r.kernel_prefix,
             launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
             units_per_group=upg, units=units, shared_bytes=self.shared_bytes,
             declarations=decls, body=body)
-        op_lines = _op_line_ranges(src)
+        op_lines = op_line_ranges(src)
         return KernelSource(self.name, src, (groups, 1, 1), (threads, 1, 1), self.shared_bytes,
                             tuple(plist), op_lines)
 
@@ -433,7 +443,7 @@ def _aligned(index: Expr, vec: int) -> bool:
     (coefficient 1 in j, j nowhere else) with rest a multiple of vec by its form (affine with
     coefficients divisible by vec, or sums of products with such constants: the rows-split
     tilings address floordiv(u, g) * row + mod(u, g) * chunk)."""
-    if variables(index) - {"u", "i", "j", "ri"}:   # ri: a streamed loop's row (c_streaming.py)
+    if variables(index) - {"u", "i", "j", "ri"}:   # ri: a streamed loop's row (streaming.py)
         return False
     if affine_coefficient(index, "j") != 1:
         return False
@@ -459,7 +469,6 @@ def _multiple_of(e: Expr, n: int) -> bool:
 
 
 def _fill_literal(x: float, dtype: str) -> str:
-    from powerfusion.backends.c_renderer import c_float
     if dtype == "bool":   # a max's -inf pad is false, a min's +inf true
         return "true" if x > 0 or (x != 0 and not np.isinf(x)) else "false"
     if dtype.startswith("int") or dtype.startswith("uint"):
@@ -468,21 +477,7 @@ def _fill_literal(x: float, dtype: str) -> str:
 
 
 def _err(msg):
-    from powerfusion.backends.c_renderer import RenderError
     return RenderError(msg)
-
-
-def _op_line_ranges(src: str) -> dict[int, tuple[int, int]]:
-    """gOperator uid -> (first, last) 1-based source line, from the `// gop N:` markers."""
-    out, cur, lines = {}, None, src.splitlines()
-    for n, line in enumerate(lines, 1):
-        t = line.strip()
-        if t.startswith("// gop "):
-            cur = int(t[7:t.index(":")])
-            out[cur] = (n, n)
-        elif cur is not None and t != "}" or (cur is not None and t == "}" and n < len(lines)):
-            out[cur] = (out[cur][0], n)
-    return out
 
 
 def _identity_layout(s: MemorySlice) -> bool:

@@ -1,0 +1,1 @@
+"""The C-style renderer shared by the GPU dialects (CUDA, HIP): GIR kernels -> C source."""

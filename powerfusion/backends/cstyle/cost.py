@@ -1,0 +1,22 @@
+"""Cost hooks of the C-style backends (registered for cuda and hip in backends/registry.py):
+what the cost model needs to know about how this renderer executes a kernel."""
+from __future__ import annotations
+
+from powerfusion.backends.cstyle.kernel import KernelLowering
+from powerfusion.backends.cstyle.streaming import STREAM_SLOTS, Run, stream_segments
+from powerfusion.gir.ir import GIRGraph, GOp
+
+
+def streamed_ops(renderer, graph: GIRGraph, ops: tuple[GOp, ...], registers_per_lane: int) -> list[GOp] | None:
+    """The ops as the renderer will execute them when it streams the kernel's long tiles
+    (streaming.py): the rows' recomputing loads appear again in each later loop (another pass
+    over the input), and no tile is whole in registers. None when the kernel is not streamed."""
+    if registers_per_lane < STREAM_SLOTS:
+        return None
+    try:
+        segs = stream_segments(KernelLowering(renderer, graph, ops, "cost"))
+    except Exception:   # a layout the renderer rejects: the search's feasibility check says so
+        return None
+    if segs is None:
+        return None
+    return [o for seg in segs for o in (seg.ops if isinstance(seg, Run) else (seg,))]

@@ -1,0 +1,72 @@
+"""Every backend by name, in one table: what renders GIR to source, what compiles that source,
+what runs a model (where one can run here), what the cost model asks of it, and the source file
+extension. The CLI, the sessions, the search, the visualiser and the cost model read this table.
+
+A backend's code lives in its own folder under `powerfusion/backends/`; entries name that code
+by "module:attribute" and load it only when asked, so this module imports no backend (and the
+cost model and search may read it without depending on one). Adding a backend is one folder
+and one `Backend(...)` line in BACKENDS (docs/design.md, "Adding a backend").
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from powerfusion.errors import PowerFusionError
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    extension: str | None = None        # file extension of rendered kernels; None: renders no files
+    renderer: str | None = None         # "module:Class": GIR graph -> list[KernelSource]
+    toolchain: str = ""                 # what compiles the rendered source (documentation, CLI help)
+    runtime: str | None = None          # "module:function" (partition, options) -> executor; None: compile only
+    requires: str = ""                  # what running needs, for the error when its runtime is missing
+    cost_hooks: str | None = None       # module with streamed_ops(graph, ops, registers_per_lane)
+    render_in_search: bool = False      # the search renders each candidate to reject layouts early
+    max_group_threads: int | None = None  # hardware limit on lanes x units per group, when it has one
+
+    def load_renderer(self):
+        """A renderer instance, or None where this backend renders no source."""
+        return _load(self.renderer)() if self.renderer else None
+
+    def load_runtime(self):
+        return _load(self.runtime) if self.runtime else None
+
+    def load_cost_hooks(self):
+        return importlib.import_module(self.cost_hooks) if self.cost_hooks else None
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("cpu", runtime="powerfusion.backends.cpu.session:compile_cpu_plan",
+            toolchain="none (GIR runs on the fast numpy executor)"),
+    Backend("cuda", ".cu", "powerfusion.backends.cuda.renderer:CUDARenderer", "NVRTC / nvcc",
+            runtime="powerfusion.backends.cuda.session:make_executor",
+            requires="an NVIDIA GPU and CuPy (pip install 'powerfusion[cuda]')",
+            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024),
+    Backend("hip", ".hip", "powerfusion.backends.hip.renderer:HIPRenderer", "hipcc",
+            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024),
+    Backend("mlu", ".mlu", "powerfusion.backends.mlu.renderer:MLURenderer", "cncc (BANG C)"),
+)}
+
+
+def backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise PowerFusionError(f"unknown backend '{name}'; known: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def source_backends() -> list[str]:
+    """Backends that render kernel source files (`powerfusion compile`)."""
+    return [b.name for b in BACKENDS.values() if b.extension]
+
+
+def runnable_backends() -> list[str]:
+    """Backends an InferenceSession can run on (given their runtime's requirements)."""
+    return [b.name for b in BACKENDS.values() if b.runtime]
+
+
+def _load(spec: str):
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(module), attr)
