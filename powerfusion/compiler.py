@@ -130,16 +130,7 @@ def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool,
     for t, b in names.items():
         if b not in buffers or t in interface:
             buffers[b] = t
-    try:
-        from powerfusion.pipeline.search import choose_plan
-    except ImportError:
-        choose_plan = None
-    if choose_plan is not None:
-        choice = choose_plan(sub, graph, target, tune=tune)
-        return KernelStep(sub, choice.merged, choice.graph, list(choice.trace), buffers,
-                          predicted_s=choice.predicted_s, candidates=getattr(choice, "considered", 1))
-    from powerfusion.templates.merge import lower_subgraph
-    from powerfusion.rewrite import optimise
-    merged = lower_subgraph(sub, graph, None, target)
-    gir, trace = optimise(merged)
-    return KernelStep(sub, merged, gir, list(trace), buffers)
+    from powerfusion.pipeline.search import choose_plan   # a failure to import the search is a bug: no fallback
+    choice = choose_plan(sub, graph, target, tune=tune)
+    return KernelStep(sub, choice.merged, choice.graph, list(choice.trace), buffers,
+                      predicted_s=choice.predicted_s, candidates=getattr(choice, "considered", 1))
