@@ -5,7 +5,7 @@ family is fastest on the device, and does the model agree).
     PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py run OUT.pkl          # on the GPU
 
 Keys are gir_cases names with the dtype (precompile.case_key). Timing: CUDA-graph replay with
-inputs rotated past the L2 (perfmodel.tune.time_graph).
+inputs rotated past the L2 (pipeline.tune.time_graph).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The CPU target's memory-bound subgraphs: rewritten GIR run by the fast GIR executor.
 
 At session creation every memory-bound subgraph gets the plan that the compiler's search
-(perfmodel.search) always rewrites first: the lowering's default template choice, matched for
+(pipeline.search) always rewrites first: the lowering's default template choice, matched for
 fusion, rewritten to a fixpoint and accepted by the same feasibility check (the verifier);
 where the rewrite is rejected, the merged graph runs as lowered, as in the search. The rest
 of the search is not run: it ranks plans by a GPU-style performance model that says nothing

@@ -1,4 +1,4 @@
-"""Lowering of one kernel's gOperators to C lines (the instruction mapping of c_renderer).
+"""Lowering of one kernel's gOperators to C lines (the instruction mapping of the C-style renderer).
 
 Each gOperator kind has one method `_<kind>` that returns its lines; adding a kind
 touches this table only (INSTRUCTIONS at the bottom)."""
