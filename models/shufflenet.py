@@ -1,5 +1,5 @@
 """ShuffleNetV2 (x1.0 layout), written in plain torch; its channel split / concat / shuffle is
-the DESIGN.md running example for move merging."""
+the docs/design.md running example for move merging."""
 from __future__ import annotations
 
 import torch

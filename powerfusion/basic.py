@@ -1,6 +1,6 @@
 """The frontend's output: a graph of *basic ops* with static shapes.
 
-Every supported ONNX op is decomposed into these kinds (DESIGN.md):
+Every supported ONNX op is decomposed into these kinds (docs/design.md):
 elementwise, broadcast, reduce, moves (transpose, reshape, concat, slice, pad,
 gather, window) and library ops (matmul, conv, typed low-precision matmul).
 Broadcasting is always explicit:

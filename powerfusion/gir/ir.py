@@ -1,4 +1,4 @@
-"""GIR: gOperators over memory slices, wrapped in a parallel structure (DESIGN.md).
+"""GIR: gOperators over memory slices, wrapped in a parallel structure (docs/design.md).
 
 Semantics, precisely (the numpy interpreter in interpreter.py is the reference):
 

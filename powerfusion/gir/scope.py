@@ -1,4 +1,4 @@
-"""Sync scope of a write followed by a read (DESIGN.md "Sync scope"), decided exactly.
+"""Sync scope of a write followed by a read (docs/design.md, "GIR concepts"), decided exactly.
 
 For every element the read touches that the write wrote, compare who wrote it with who
 reads it: same unit and same lane -> LANE; same unit, other lane -> WARP; same group

@@ -2,7 +2,7 @@
 unless a calibration file under benchmarks/results/ says otherwise (the perf-model
 issue replaces the lent GPU's figures with measured ones).
 
-Levels are the abstract GLOBAL > SHARED > REGISTER of DESIGN.md.
+Levels are the abstract GLOBAL > SHARED > REGISTER of docs/design.md.
 """
 from __future__ import annotations
 

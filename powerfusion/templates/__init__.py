@@ -1,4 +1,4 @@
-"""Per-basic-op GIR templates and their parameter spaces (DESIGN.md "templates").
+"""Per-basic-op GIR templates and their parameter spaces (docs/design.md, "The pipeline").
 
 `candidates(node, tensors, target)` lists candidate GIR graphs for one basic node: each
 `Candidate` has a template `name`, frozen `params` and `build() -> GIRGraph`. Every

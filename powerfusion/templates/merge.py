@@ -1,5 +1,5 @@
 """Lower one memory-bound subgraph to one GIR graph: one template candidate per basic op,
-merged in topological order (DESIGN.md "merge").
+merged in topological order (docs/design.md, "The pipeline").
 
 * Tensors keep their sanitised names as GLOBAL buffers. A Reshape whose output stays
   inside the subgraph is an alias of its input's buffer (no gOperator); otherwise it is

@@ -26,7 +26,7 @@ def reduce_candidates(shape=(3, 5, 70)):
 
 
 def relu_add(n=1000, W=128, sync=Scope.DEVICE, shift=0):
-    """The DESIGN.md example: relu then add through T in global memory; `shift` makes each unit
+    """The docs/design.md example: relu then add through T in global memory; `shift` makes each unit
     read the neighbour's chunk of T."""
     units = -(-n // W)
     P = Parallel(units, 4, 32)

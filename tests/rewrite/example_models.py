@@ -1,4 +1,4 @@
-"""Small ONNX models of DESIGN.md's worked examples, built with onnx.helper (float32, batch 1)."""
+"""Small ONNX models of docs/design.md's worked examples, built with onnx.helper (float32, batch 1)."""
 import numpy as np
 from onnx import helper as h, TensorProto as TP, numpy_helper as nh
 

@@ -1,4 +1,4 @@
-"""DESIGN.md's worked examples end to end: ONNX -> frontend -> partition -> templates + merge ->
+"""docs/design.md's worked examples end to end: ONNX -> frontend -> partition -> templates + merge ->
 rewriting. As the search would, every template plan of the subgraph is rewritten and the best
 (fewest kernels, then fewest global bytes) is kept; its outputs are checked against the
 basic-op reference, then its traffic per buffer and its kernel count."""

@@ -23,7 +23,7 @@ def channel_shuffle(c: int = 16, hw: int = 8):
 
 
 def relu_add(n: int = 1024, name: str = "relu</script><b>add"):
-    """Relu then Add (DESIGN.md's first worked example); a node name that would break naive HTML."""
+    """Relu then Add (docs/design.md's first worked example); a node name that would break naive HTML."""
     nodes = [h.make_node("Relu", ["x"], ["t"], name=name),
              h.make_node("Add", ["t", "z"], ["y"], name="add")]
     io = lambda s: h.make_tensor_value_info(s, T.FLOAT, [n])
