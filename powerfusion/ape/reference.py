@@ -1,0 +1,125 @@
+"""numpy model of Ape's GEMMs: `reference_matmul(A, B, mode)` and `block_mask(A, block)`.
+
+The split is bit-faithful to the device kernels (`types.split`). The arithmetic is modelled as
+the tensor cores do it in the parts that matter: each part product is exact in fp32 (11 x 11
+or 8 x 8 significant bits), and every sum is an fp32 sum. One level of products (e.g. FP32-F's
+two cross terms) is one fp32 GEMM over the concatenated K, as on the device, and the levels are
+added smallest first. What the model does not reproduce is the order of the fp32 additions
+inside a GEMM and the tensor cores' truncating (round-toward-zero) accumulation, so device
+results agree with it to a few fp32 ulps of sum(|A||B|), not bit for bit; that difference grows
+with K, as SGEMM's own error does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.errors import PowerFusionError
+
+from .types import FP32_B, FP32_F, TYPES, EmulatedType, split, split_int16
+
+MASK_F, MASK_B, MASK_FP32 = 0, 1, 2
+MODES = ("auto", "fp32", "fp32-f", "fp32-t", "fp32-b")
+
+
+class ApeError(PowerFusionError):
+    """Bad operands or an unknown mode for an Ape GEMM."""
+
+
+def element_class(x: np.ndarray) -> np.ndarray:
+    """Per element: 0 when FP32-F represents it (zero included), 1 when only FP32-B does,
+    2 when neither (Inf, NaN, fp32 subnormals and values near them, |x| >= 2^127)."""
+    a = np.abs(np.asarray(x, np.float32)).astype(np.float64)
+    cls = np.full(a.shape, MASK_FP32, np.int8)
+    in_b = (a >= FP32_B.min_abs) & (a < FP32_B.max_abs)
+    in_f = (a >= FP32_F.min_abs) & (a < FP32_F.max_abs)
+    cls[in_b] = MASK_B
+    cls[in_f | (a == 0)] = MASK_F
+    return cls
+
+
+def block_mask(a: np.ndarray, block) -> np.ndarray:
+    """Ape's getMask per block of a 2-D array: the largest element class in each block
+    (0 FP32-F, 1 FP32-B, 2 fp32). `block` is an int or (rows, cols); edge blocks are partial."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise ApeError(f"block_mask needs a 2-D array, got shape {a.shape}")
+    br, bc = (block, block) if np.isscalar(block) else tuple(block)
+    if br < 1 or bc < 1:
+        raise ApeError(f"block_mask: block sizes must be positive, got {(br, bc)}")
+    cls = element_class(a)
+    m, k = a.shape
+    pad = np.zeros((-(-m // br) * br, -(-k // bc) * bc), np.int8)
+    pad[:m, :k] = cls
+    return pad.reshape(pad.shape[0] // br, br, pad.shape[1] // bc, bc).max(axis=(1, 3))
+
+
+def _check_operands(a: np.ndarray, b: np.ndarray, mode: str) -> None:
+    if mode not in MODES:
+        raise ApeError(f"unknown Ape mode {mode!r}; expected one of {', '.join(MODES)}")
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ApeError(f"Ape matmul needs 2-D operands (M, K) x (K, N), got {a.shape} x {b.shape}")
+
+
+def emulated_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray:
+    """C = A B in emulated type `t`: one fp32 GEMM per level of part products, added smallest
+    level first, each scaled by its level's factor."""
+    pa, pb = split(a, t), split(b, t)
+    c = None
+    with np.errstate(over="ignore", invalid="ignore"):
+        for level, scale in reversed(list(zip(t.levels, t.level_scale))):
+            lhs = np.concatenate([pa[i] for i, _ in level], axis=1)
+            rhs = np.concatenate([pb[j] for _, j in level], axis=0)
+            term = (lhs @ rhs) * np.float32(scale)
+            c = term if c is None else (term + c).astype(np.float32)
+    return c.astype(np.float32)
+
+
+def int16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """int16 x int16 -> int32 from four int8 GEMMs (int32 accumulation) and a rank-1
+    correction; exact modulo 2^32, so exact wherever the true result fits int32."""
+    ah, al = split_int16(a)
+    bh, bl = split_int16(b)
+    i32 = np.int32
+    with np.errstate(over="ignore"):
+        hh = ah.astype(i32) @ bh.astype(i32)
+        cross = np.concatenate([ah, al], 1).astype(i32) @ np.concatenate([bl, bh], 0).astype(i32)
+        ll = al.astype(i32) @ bl.astype(i32)
+        return int16_combine(hh, cross, ll, a.astype(np.int64).sum(1), b.astype(np.int64).sum(0), a.shape[1])
+
+
+def int16_combine(hh, cross, ll, row_sum_a, col_sum_b, k: int) -> np.ndarray:
+    """A B = 2^16 HH + 2^8 (HL + LH) + LL + 128 (rowsum A + colsum B) - 2^14 K, in wrapping
+    32-bit arithmetic (as the device's combine kernel does it)."""
+    u = np.uint32
+    rs = (row_sum_a.astype(np.int64) & 0xFFFFFFFF).astype(u)[:, None]
+    cs = (col_sum_b.astype(np.int64) & 0xFFFFFFFF).astype(u)[None, :]
+    with np.errstate(over="ignore"):
+        total = (hh.astype(u) * u(65536) + cross.astype(u) * u(256) + ll.astype(u)
+                 + u(128) * (rs + cs) - u((16384 * k) & 0xFFFFFFFF))
+    return total.view(np.int32)
+
+
+def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f") -> np.ndarray:
+    """The numpy model of `powerfusion.ape.matmul`: fp32 inputs in "fp32-f" / "fp32-t" /
+    "fp32-b" / "fp32" (plain fp32 GEMM) / "auto" (K panels of 128 mixed as the adapter's
+    mixed plan does: FP32-F where both operands' panels allow it, else FP32-B, else fp32);
+    int16 inputs -> int32 (mode ignored)."""
+    a, b = np.asarray(a), np.asarray(b)
+    _check_operands(a, b, mode)
+    if a.dtype == np.int16 and b.dtype == np.int16:
+        return int16_matmul(a, b)
+    if a.dtype != np.float32 or b.dtype != np.float32:
+        raise ApeError(f"Ape matmul takes float32 x float32 or int16 x int16, got {a.dtype} x {b.dtype}")
+    if mode == "fp32":
+        return (a @ b).astype(np.float32)
+    if mode != "auto":
+        return emulated_matmul(a, b, TYPES[mode])
+    from .adapter import PANEL, panel_classes
+    cls = panel_classes(block_mask(a, (a.shape[0], PANEL))[0], block_mask(b, (PANEL, b.shape[1]))[:, 0])
+    c = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for kind, t in ((MASK_FP32, None), (MASK_B, FP32_B), (MASK_F, FP32_F)):
+        cols = np.flatnonzero(np.repeat(cls == kind, PANEL)[:a.shape[1]])
+        if cols.size:
+            part = a[:, cols] @ b[cols] if t is None else emulated_matmul(a[:, cols], b[cols], t)
+            c = (c + part).astype(np.float32)
+    return c
