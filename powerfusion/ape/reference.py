@@ -120,6 +120,7 @@ def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f") -> np.n
     for kind, t in ((MASK_FP32, None), (MASK_B, FP32_B), (MASK_F, FP32_F)):
         cols = np.flatnonzero(np.repeat(cls == kind, PANEL)[:a.shape[1]])
         if cols.size:
-            part = a[:, cols] @ b[cols] if t is None else emulated_matmul(a[:, cols], b[cols], t)
-            c = (c + part).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                part = a[:, cols] @ b[cols] if t is None else emulated_matmul(a[:, cols], b[cols], t)
+                c = (c + part).astype(np.float32)
     return c
