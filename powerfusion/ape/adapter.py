@@ -76,10 +76,11 @@ def decide(panel_cls: np.ndarray, speeds: Speeds, flops_per_panel: float,
     if n[MASK_F] == len(cls):
         return Plan("fp32-f", tuple(cls.tolist()), f_fraction_blocks, _predict(n, speeds, flops_per_panel))
     promoted = np.where(cls == MASK_F, MASK_B, cls).astype(np.int8)
+    # on a tie (no F panels) the plan with fewer GEMMs, listed first, wins
     options = [
-        ("mixed", cls, _predict(n, speeds, flops_per_panel)),
         ("fp32-b", promoted, _predict({MASK_F: 0, MASK_B: n[MASK_F] + n[MASK_B], MASK_FP32: n[MASK_FP32]},
                                       speeds, flops_per_panel)),
+        ("mixed", cls, _predict(n, speeds, flops_per_panel)),
         ("fp32", np.full_like(cls, MASK_FP32), _predict({MASK_FP32: len(cls)}, speeds, flops_per_panel)),
     ]
     kind, chosen, t = min(options, key=lambda o: o[2])

@@ -183,14 +183,16 @@ def scan_masks(a, b) -> tuple[np.ndarray, np.ndarray]:
     return block_mask_device(a, (MASK_ROWS, PANEL)), block_mask_device(b, (PANEL, MASK_ROWS))
 
 
-def block_mask_device(x, block, copy: bool = True):
+def block_mask_device(x, block, copy: bool = True, mask=None):
     """Ape's getMask per block, by the device scan kernel (one thread block per mask block);
-    the mask as a numpy array, or left on the device with copy=False."""
+    the mask as a numpy array, or the device array (`mask` if given: no allocation, so the
+    scan can be captured in a CUDA graph) with copy=False."""
     import cupy
     br, bc = (block, block) if np.isscalar(block) else tuple(block)
     rows, cols = x.shape
     gy, gx = max(1, -(-rows // br)), max(1, -(-cols // bc))
-    mask = cupy.zeros((gy, gx), np.int8)
+    if mask is None:
+        mask = cupy.empty((gy, gx), np.int8)
     _kernel("ape_block_mask")((gx, gy), (_THREADS,), (x, _i64(rows), _i64(cols), _i64(x.shape[1]),
                                                       np.int32(br), np.int32(bc), mask))
     return cupy.asnumpy(mask) if copy else mask
