@@ -9,10 +9,12 @@ from .reference import (MASK_B, MASK_F, MASK_FP32, MODES, ApeError, block_mask, 
 from .types import FP32_B, FP32_F, FP32_T, TYPES, EmulatedType, reconstruct, split, split_int16
 
 
-def matmul(a, b, mode: str = "auto", out=None):
-    """C = A B on CuPy arrays: float32 in one of MODES, or int16 x int16 -> int32 (exact)."""
+def matmul(a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None, speeds: Speeds | None = None):
+    """C = A B on CuPy arrays: float32 in one of MODES, or int16 x int16 -> int32 (exact
+    modulo 2^32). `k_chunk` (e.g. 2048) bounds the tensor cores' accumulation length at some
+    cost in speed (docs/ape.md); `speeds` replaces the decider's measured per-type speeds."""
     from .device import matmul as _matmul
-    return _matmul(a, b, mode=mode, out=out)
+    return _matmul(a, b, mode=mode, out=out, k_chunk=k_chunk, speeds=speeds)
 
 
 __all__ = ["matmul", "reference_matmul", "block_mask", "element_class", "MODES", "ApeError", "PANEL",
