@@ -13,7 +13,10 @@ Writes ape-model.json and ape-model.md.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import platform
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -91,8 +94,13 @@ def main():
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = ap.parse_args()
     rs = rows()
-    (args.out / "ape-model.json").write_text(json.dumps(rs, indent=1))
-    md = "# Ape's types in the numpy model (CPU)\n\n" + markdown(rs)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    meta = {"device": f"CPU ({platform.machine()}, numpy {np.__version__})",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit}
+    (args.out / "ape-model.json").write_text(json.dumps({"meta": meta, "rows": rs}, indent=1))
+    md = (f"# Ape's types in the numpy model ({meta['device']}, {meta['date']}, commit {commit})\n\n"
+          + markdown(rs))
     (args.out / "ape-model.md").write_text(md)
     print(md)
 
