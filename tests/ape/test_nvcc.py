@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from powerfusion.ape import kernels
-from tests.conftest import require_tool
+from conftest import require_tool
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
