@@ -192,3 +192,16 @@ def test_decider_picks_pure_f_mixed_b_or_fp32():
     plan = ape.decide(np.array([2, 0, 1]), speeds, 1.0)
     assert plan.panel_kind[0] == MASK_FP32 and plan.kind == "mixed"
     assert ape.decide(np.array([1, 1]), ape.Speeds(f=1.0, b=5.0, fp32=4.0), 1.0).kind == "fp32"
+
+
+def test_ape_imports_only_itself_and_the_errors_module():
+    # the package stands apart from the ONNX side (read with ast, nothing imported)
+    import ast
+    from pathlib import Path
+    root = Path(ape.__file__).parent
+    for f in root.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("powerfusion"):
+                assert node.module in ("powerfusion.errors",) or node.module.startswith("powerfusion.ape"), (f.name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("powerfusion") for a in node.names), f.name
