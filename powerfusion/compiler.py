@@ -100,14 +100,16 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
     timer = timer or _Timer()
     renderer = backend(get_target(target).backend).load_renderer() if codegen else None
     steps, memo = [], {}
-    for k, item in enumerate(part.steps):
+    count, total = 0, len(part.subgraphs)
+    for item in part.steps:
         if isinstance(item, LibraryCall):
             steps.append(LibraryStep(item))
             continue
         if item.outputs and all(_empty(graph, t) for t in item.outputs):
             continue   # every output has no elements: nothing to compute (zero-size buffers stay unwritten)
+        count += 1
         if progress:
-            progress(f"subgraph {k + 1}/{len(part.steps)}: {item.name} ({len(item.nodes)} ops)")
+            progress(f"subgraph {count}/{total}: {item.name} ({len(item.nodes)} ops)")
         with timer("search"):
             step = _compile_subgraph(item, graph, target, tune, memo)
         if renderer is not None:
@@ -130,7 +132,9 @@ def _compile_subgraph(sub: Subgraph, graph: BasicGraph, target: str, tune: bool,
     for t, b in names.items():
         if b not in buffers or t in interface:
             buffers[b] = t
+    from powerfusion import options
     from powerfusion.pipeline.search import choose_plan   # a failure to import the search is a bug: no fallback
-    choice = choose_plan(sub, graph, target, tune=tune)
+    budget = options.current().search_budget_s   # None: the search's own default
+    choice = choose_plan(sub, graph, target, tune=tune, **({} if budget is None else {"budget_s": budget}))
     return KernelStep(sub, choice.merged, choice.graph, list(choice.trace), buffers,
                       predicted_s=choice.predicted_s, candidates=getattr(choice, "considered", 1))

@@ -26,6 +26,9 @@ class Options:
     verbose: int = 0         # 0 quiet, 1 progress on stderr, 2 debug
     target: str = "cpu"      # default target of InferenceSession and the CLI
     cuda_graph: bool = False  # cuda target: replay each run as a captured CUDA graph
+    device_id: int = 0        # cuda target: which GPU
+    search_budget_s: float | None = None  # seconds of plan search per subgraph (None: the search's default)
+    intra_op_threads: int = 0  # cpu target: BLAS threads during a run (0: the library's default)
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -15,6 +15,9 @@ executor built by their backend.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -32,6 +35,10 @@ from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, comp
 # every graph output; the CPU one returns every tensor it computed.
 Executor = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
+# onnxruntime constructor keywords that change nothing here (no onnxruntime graph optimisers)
+_IGNORED_ORT_KWARGS = {"disabled_optimizers", "read_config_from_model"}
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """What `get_inputs()` / `get_outputs()` return, as in onnxruntime."""
@@ -48,39 +55,94 @@ def onnx_type_string(dtype) -> str:
 
 
 class InferenceSession:
-    """Import, partition and prepare `model` (path, bytes or onnx.ModelProto) for `target`.
+    """Import, partition and prepare a model for a target, with onnxruntime's constructor.
 
-    `shapes` fixes dynamic input dimensions ({"x": (1, 3, 224, 224)} or "x:1x3x224x224").
+    `path_or_bytes`: an .onnx path, its bytes, an onnx.ModelProto, or a folder that
+    `powerfusion compile -o DIR` wrote (loaded without searching again; see artefact.py).
+    `sess_options`, `providers`, `provider_options`: onnxruntime's (powerfusion.ort_api says
+    what each setting means here). Beyond onnxruntime: `target` ("cpu", "cuda", a device name),
+    `shapes` fixes dynamic input dimensions ({"x": (1, 3, 224, 224)} or "x:1x3x224x224"), and
     `options` is a dict of settings for this session (see powerfusion.options).
     """
 
-    def __init__(self, model, target: str | None = None, shapes=None, options: Mapping | None = None):
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, *,
+                 target: str | None = None, shapes=None, options: Mapping | None = None, **kwargs):
+        from powerfusion import ort_api
+        if isinstance(sess_options, str):
+            raise PowerFusionError(f"the second argument is onnxruntime's sess_options; name the target: "
+                                   f"InferenceSession(model, target={sess_options!r})")
+        unknown = sorted(set(kwargs) - _IGNORED_ORT_KWARGS)
+        if unknown:
+            raise PowerFusionError(f"InferenceSession: unknown keyword argument(s) {unknown}")
+        changes = dict(options or {})
+        if sess_options is not None:
+            changes.setdefault("verbose", sess_options.verbose())
+            changes.setdefault("search_budget_s", sess_options.search_budget_s())
+            changes.setdefault("intra_op_threads", int(sess_options.intra_op_num_threads))
+        choice = ort_api.choose_provider(providers, provider_options)
+        if choice is not None:
+            if target is not None and get_target_backend(target) != choice.target:
+                raise PowerFusionError(f"target={target!r} and providers={providers!r} disagree; give one of them")
+            target = target or choice.target
+            changes.setdefault("device_id", choice.device_id)
+        self.sess_options = sess_options
+        with _options.context(**changes) as opts:
+            self.options = opts
+            self._build(path_or_bytes, target or opts.target, shapes)
+        self._lock = threading.Lock()   # one run at a time per session: runs share one arena
+
+    def _build(self, model, target: str, shapes) -> None:
         from powerfusion.frontend import import_model
         from powerfusion.frontend.partition import partition_graph as partition
         from powerfusion.targets.specs import get_target
 
-        self.options = _options.current().replace(**dict(options or {}))
-        self.target = target or self.options.target
+        self.target = target
         entry = registry.backend(get_target(self.target).backend)  # unknown names raise a PowerFusionError
         if entry.runtime is None:
             raise PowerFusionError(
                 f"target '{self.target}' ({entry.name}) can be compiled (`powerfusion compile`) but not run "
                 f"from Python here; runnable backends: {', '.join(registry.runnable_backends())}")
-        if isinstance(model, (bytes, bytearray)):
-            import onnx
-            model = onnx.load_from_string(bytes(model))
+        backend = entry.name
+        self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
+        self.cpu_plan: CpuPlan | None = None
+        self.artefact = None
+        if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+            self._build_from_artefact(model, backend)
+            return
+        self._model = model
         if isinstance(shapes, str):
             from powerfusion.frontend.loader import parse_shapes
             shapes = parse_shapes(shapes)
-        self.graph: BasicGraph = import_model(model, shapes=shapes)
-        self.partition: Partition = partition(self.graph, target=self.target)
-        self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
-        self.cpu_plan: CpuPlan | None = None
-        if entry.name != "cpu":
-            self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
+        say = _progress(self.options)
+        with _timed(say, "import"):
+            self.graph: BasicGraph = import_model(model, shapes=shapes)
+        with _timed(say, "partition"):
+            self.partition: Partition = partition(self.graph, target=self.target)
+        say(f"{len(self.partition.library_calls)} library call(s), {len(self.partition.subgraphs)} "
+            f"memory-bound subgraph(s)")
+        if backend != "cpu":
+            with _timed(say, f"compile for {backend}"):
+                self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
         else:
-            self.cpu_plan = compile_cpu_plan(self.partition)
-            self._executor = lambda feeds: execute_partition(self.partition, feeds, self.profile, self.cpu_plan)
+            with _timed(say, "lower to GIR for cpu"):
+                self.cpu_plan = compile_cpu_plan(self.partition)
+            self._executor = self._run_cpu
+
+    def _build_from_artefact(self, folder, backend: str) -> None:
+        from powerfusion.artefact import load_artefact
+        if backend != "cuda":
+            raise PowerFusionError(f"'{folder}' is a compiled folder (CUDA kernels); it runs on target 'cuda', "
+                                   f"not '{self.target}'. Give the .onnx file to run on the CPU.")
+        self.artefact = load_artefact(folder)
+        self._model = self.artefact.model_path
+        self.graph = self.artefact.graph
+        self.partition = None
+        self._executor = self.artefact.make_executor(self.options)
+
+    def _run_cpu(self, feeds):
+        from powerfusion.ort_api import intra_op_threads
+        with intra_op_threads(self.options.intra_op_threads):
+            return execute_partition(self.partition, feeds, self.profile, self.cpu_plan)
 
     # ---- onnxruntime API --------------------------------------------------------
 
@@ -90,18 +152,70 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return [_node_arg(t) for t in self.graph.outputs]
 
-    def get_providers(self) -> list[str]:
-        return [f"PowerFusion:{self.target}"]
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return []   # initializers are folded into the compiled plan
 
-    def run(self, output_names, input_feed: Mapping[str, np.ndarray], run_options=None) -> list[np.ndarray]:
-        """Outputs named by `output_names` (None: all, in the model's order)."""
-        names = [t.name for t in self.graph.outputs] if output_names is None else list(output_names)
+    def get_providers(self) -> list[str]:
+        from powerfusion.ort_api import TARGET_PROVIDERS
+        return [TARGET_PROVIDERS[get_target_backend(self.target)]]
+
+    def get_provider_options(self) -> dict:
+        provider = self.get_providers()[0]
+        return {provider: {"device_id": str(self.options.device_id)} if provider.startswith("CUDA") else {}}
+
+    def get_session_options(self):
+        from powerfusion.ort_api import SessionOptions
+        return self.sess_options if self.sess_options is not None else SessionOptions()
+
+    def get_modelmeta(self):
+        from powerfusion.ort_api import model_metadata
+        return model_metadata(None if self._model is None else _model_header(self._model))
+
+    def set_providers(self, providers=None, provider_options=None) -> None:
+        raise PowerFusionError("set_providers: a session is compiled for one target; make a new InferenceSession")
+
+    def run(self, output_names, input_feed: Mapping, run_options=None) -> list:
+        """Outputs named by `output_names` (None or []: all, in the model's order), as numpy
+        arrays; on the cuda target device inputs (CuPy, torch, DLPack) are read in place."""
+        names = self._output_names(output_names)
+        if run_options is not None and getattr(run_options, "terminate", False):
+            raise PowerFusionError("run: run_options.terminate is set")
+        feeds = self.validate_feeds(input_feed)
+        with self._lock:
+            env = self._executor(feeds)
+        return [env[n] for n in names]
+
+    def io_binding(self):
+        """onnxruntime's IOBinding: bind inputs and outputs to (device) buffers, then
+        `run_with_iobinding`."""
+        from powerfusion.iobinding import IOBinding
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding, run_options=None) -> None:
+        if run_options is not None and getattr(run_options, "terminate", False):
+            raise PowerFusionError("run_with_iobinding: run_options.terminate is set")
+        iobinding.run()
+
+    def run_bound(self, input_feed: Mapping, wanted: Mapping[str, tuple]) -> dict:
+        """The run behind IOBinding: `wanted` maps output name -> (device "cpu" | "cuda", buffer or
+        None); returns each wanted output on its device (in its buffer where one was given)."""
+        names = self._output_names(list(wanted))
+        feeds = self.validate_feeds(input_feed)
+        with self._lock:
+            if hasattr(self._executor, "run_device"):   # the cuda target: outputs stay on the GPU
+                into = {n: buf for n, (device, buf) in wanted.items() if device == "cuda" and buf is not None}
+                env = self._executor.run_device(feeds, names, into)
+            else:
+                env = self._executor(feeds)
+        return {n: _place(env[n], *wanted[n], self.graph.tensors[n].dtype) for n in names}
+
+    def _output_names(self, output_names) -> list[str]:
+        names = [t.name for t in self.graph.outputs] if not output_names else list(output_names)
         known = {t.name for t in self.graph.outputs}
         unknown = [n for n in names if n not in known]
         if unknown:
             raise PowerFusionError(f"unknown output name(s) {unknown}; the model's outputs are {sorted(known)}")
-        env = self._executor(self.validate_feeds(input_feed))
-        return [env[n] for n in names]
+        return names
 
     # ---- beyond onnxruntime -----------------------------------------------------
 
@@ -119,7 +233,8 @@ class InferenceSession:
         """Every tensor the CPU run computes, by name (for per-subgraph comparison)."""
         if get_target_backend(self.target) != "cpu":
             raise PowerFusionError("run_all_tensors needs the cpu target")
-        return execute_partition(self.partition, self.validate_feeds(input_feed), self.profile, self.cpu_plan)
+        with self._lock:
+            return self._run_cpu(self.validate_feeds(input_feed))
 
     def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""
@@ -129,21 +244,78 @@ class InferenceSession:
         if unknown or missing:
             raise FeedError(f"feeds do not match the model's inputs: unknown {unknown}, missing {missing}; "
                             f"expected inputs: " + ", ".join(_describe(t) for t in self.graph.inputs))
-        feeds = {}
-        for name, info in expected.items():
-            value = input_feed[name]
-            given = np.asarray(value)
-            if given.dtype != np.dtype(info.dtype) or tuple(given.shape) != tuple(info.shape):
-                raise FeedError(f"input '{name}': expected shape {tuple(info.shape)} dtype "
-                                f"{np.dtype(info.dtype).name}, given shape {tuple(given.shape)} dtype "
-                                f"{given.dtype.name}")
-            feeds[name] = given
-        return feeds
+        on_device = get_target_backend(self.target) == "cuda"
+        return {name: _feed_array(name, info, input_feed[name], on_device) for name, info in expected.items()}
+
+
+def _feed_array(name: str, info: TensorInfo, value, on_device: bool):
+    """One feed as an array of the input's dtype: lists and scalars converted as onnxruntime
+    converts them (to the input's dtype); GPU arrays kept on the GPU for the cuda target."""
+    from powerfusion.device_arrays import as_cupy, is_device_array, to_host
+    want = np.dtype(info.dtype)
+    if is_device_array(value):
+        given = as_cupy(value, f"input '{name}'") if on_device else to_host(value, f"input '{name}'")
+        if want.name == "bfloat16" and given.dtype == np.uint16:
+            want = given.dtype   # CuPy has no bfloat16: its bits travel as uint16
+    elif isinstance(value, (list, tuple, int, float, bool)):
+        given = np.asarray(value, dtype=want)
+    else:
+        given = np.asarray(value)
+    if given.dtype != want or tuple(given.shape) != tuple(info.shape):
+        raise FeedError(f"input '{name}': expected shape {tuple(info.shape)} dtype {want.name}, "
+                        f"given shape {tuple(given.shape)} dtype {given.dtype.name}")
+    return given
 
 
 def get_target_backend(target: str) -> str:
     from powerfusion.targets.specs import get_target
     return get_target(target).backend
+
+
+def _place(value, device: str, buffer, dtype):
+    """An output moved to `device` (into `buffer` when given); bf16 on a GPU as uint16 bits."""
+    from powerfusion.device_arrays import is_device_array
+    if device == "cpu":
+        host = value.get() if is_device_array(value) else value
+        if np.dtype(dtype).name == "bfloat16" and host.dtype == np.uint16:
+            host = host.view(np.dtype(dtype))
+        if buffer is None:
+            return host
+        np.copyto(buffer, host.reshape(buffer.shape))
+        return buffer
+    import cupy
+    if not is_device_array(value):
+        value = cupy.asarray(value.view(np.uint16) if value.dtype.name == "bfloat16" else value)
+    if buffer is None or buffer is value:
+        return value
+    buffer[...] = value.reshape(buffer.shape)
+    return buffer
+
+
+def _model_header(model):
+    """The ModelProto's metadata fields without its weights (for get_modelmeta); the frontend
+    has already checked the model."""
+    import onnx
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model), load_external_data=False)
+    return model
+
+
+def _progress(opts):
+    """A printer of build steps on stderr at verbose >= 1 (a no-op otherwise)."""
+    import sys
+    if opts.verbose < 1:
+        return lambda message: None
+    return lambda message: print(f"[powerfusion] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _timed(say, step: str):
+    start = time.perf_counter()
+    yield
+    say(f"{step}: {time.perf_counter() - start:.2f} s")
 
 
 def _node_arg(t: TensorInfo) -> NodeArg:

@@ -22,8 +22,9 @@ def cupy_dtype(dt) -> np.dtype:
 
 
 class CudaPlanRunner:
-    def __init__(self, plan: Plan, cuda_graph: bool = False):
+    def __init__(self, plan: Plan, cuda_graph: bool = False, device_id: int = 0):
         import cupy
+        self.device_id = device_id
         from powerfusion.backends.cuda.executor import GIRExecutor
         self.plan, self.graph = plan, plan.graph
         g = self.graph
@@ -79,9 +80,9 @@ class CudaPlanRunner:
             views[t] = self.arena[off:off + info.size * dt.itemsize].view(dt).reshape(info.shape)
         return views
 
-    def _run_steps(self, steps=None) -> None:
+    def _run_steps(self, steps=None, env=None) -> None:
         from powerfusion.backends.cuda import library
-        env = self.tensors
+        env = self.tensors if env is None else env
         for s in self.plan.steps if steps is None else steps:
             if isinstance(s, KernelStep):
                 ex = self.executors[s.name]
@@ -152,34 +153,81 @@ class CudaPlanRunner:
         mm(a2, dev, out=env[node.outputs[0]].reshape(mm.M, mm.N))
 
     def __call__(self, feeds: dict) -> dict:
+        """feeds (numpy or CuPy arrays) -> every output as a numpy array."""
+        out = self.run_device(feeds)
+        return {name: _to_host(value, self.graph.tensors[name].dtype) for name, value in out.items()}
+
+    def run_device(self, feeds: dict, names=None, into: dict | None = None) -> dict:
+        """feeds (numpy or CuPy arrays) -> outputs `names` (default: all) as CuPy arrays.
+
+        Without CUDA graphs, CuPy feeds are read where they lie and outputs in `into` are
+        written where they lie (no copy; the plan's arena holds only the other tensors).
+        A captured CUDA graph has the arena's addresses baked in, so there device feeds are
+        copied into the arena and outputs out of it (device-to-device, no host transfer).
+        Outputs not in `into` are fresh CuPy arrays (a device copy), so the next run cannot
+        overwrite what a caller holds. Bfloat16 travels as uint16 bits."""
         import cupy
-        self._load_inputs(feeds)
-        if self.use_cuda_graph:
-            if self._cuda_graph is None:
-                self._capture()
-                # the warm-up run reused the inputs' arena space for later tensors: load them again
-                self._load_inputs(feeds)
-            self._replay()
-        else:
-            self._run_steps()
-        out = {}
-        for t in self.graph.outputs:
-            if t.name in self.graph.constants:  # folded at import (Shape of a static tensor): no buffer
-                out[t.name] = np.array(self.graph.constants[t.name], dtype=np_dtype(np.dtype(t.dtype).name))
-                continue
-            if t.name not in self.tensors:   # no step writes it: an output without elements
-                if all(int(d) for d in t.shape):
-                    raise PowerFusionError(f"output '{t.name}' {tuple(t.shape)} is computed by no step of the plan")
-                out[t.name] = np.zeros(tuple(t.shape), dtype=np_dtype(np.dtype(t.dtype).name))
-                continue
-            host = cupy.asnumpy(self.tensors[t.name])
-            out[t.name] = host.view(np_dtype("bfloat16")) if np.dtype(t.dtype).name == "bfloat16" else host
+        names = [t.name for t in self.graph.outputs] if names is None else list(names)
+        into = dict(into or {})
+        with cupy.cuda.Device(self.device_id):
+            if self.use_cuda_graph:
+                self._run_graph(feeds)
+                env = self.tensors
+            else:
+                env = {**self.tensors, **self._device_feeds(feeds),
+                       **{n: a for n, a in into.items() if n in self.tensors}}
+                self._run_steps(env=env)
+            out = {name: self._output(name, env, into.get(name)) for name in names}
+            cupy.cuda.get_current_stream().synchronize()
         return out
 
-    def _load_inputs(self, feeds: dict) -> None:
+    def _run_graph(self, feeds: dict) -> None:
+        self._load_inputs(feeds)
+        if self._cuda_graph is None:
+            self._capture()
+            # the warm-up run reused the inputs' arena space for later tensors: load them again
+            self._load_inputs(feeds)
+        self._replay()
+
+    def _device_feeds(self, feeds: dict) -> dict:
+        """Inputs as CuPy arrays of the arena's shape and dtype: device feeds as they lie
+        (contiguous ones; others copied once), host feeds copied into the arena."""
         import cupy
+        env = {}
         for t in self.graph.inputs:
-            self.tensors[t.name][...] = cupy.asarray(_to_device_layout(np.asarray(feeds[t.name])))
+            if t.name not in self.tensors:
+                continue
+            value, slot = feeds[t.name], self.tensors[t.name]
+            if isinstance(value, cupy.ndarray) and value.flags.c_contiguous:
+                env[t.name] = value.view(slot.dtype).reshape(slot.shape)
+            else:
+                slot[...] = _device_layout(value)
+                env[t.name] = slot
+        return env
+
+    def _output(self, name: str, env: dict, target):
+        """Output `name` as a CuPy array: written into `target` when given, else a fresh copy."""
+        import cupy
+        info = self.graph.tensors[name]
+        dt = cupy_dtype(info.dtype)
+        if name in self.graph.constants:  # folded at import (Shape of a static tensor): no buffer
+            value = cupy.asarray(_to_device_layout(np.asarray(self.graph.constants[name], dtype=np.dtype(info.dtype))))
+        elif name not in env:   # no step writes it: an output without elements
+            if all(int(d) for d in info.shape):
+                raise PowerFusionError(f"output '{name}' {tuple(info.shape)} is computed by no step of the plan")
+            value = cupy.zeros(tuple(info.shape), dtype=dt)
+        else:
+            value = env[name]
+        if target is None:
+            return value.copy() if value is self.tensors.get(name) else value
+        if target is not value:
+            target[...] = value.reshape(target.shape).view(target.dtype) if target.dtype != value.dtype else value
+        return target
+
+    def _load_inputs(self, feeds: dict) -> None:
+        for t in self.graph.inputs:
+            if t.name in self.tensors:
+                self.tensors[t.name][...] = _device_layout(feeds[t.name])
 
     def _capture(self) -> None:
         """Capture the run as CUDA graphs. CuPy cannot call cuBLAS during stream capture, so
@@ -254,6 +302,21 @@ def typed_gemm(graph, node):
     return mm, packed
 
 
+def _device_layout(value):
+    """A feed as the arena holds it: CuPy arrays as they are (bf16 as uint16 bits), host arrays
+    uploaded in their device layout."""
+    import cupy
+    if isinstance(value, cupy.ndarray):
+        return value
+    return cupy.asarray(_to_device_layout(np.asarray(value)))
+
+
+def _to_host(value, dtype):
+    import cupy
+    host = cupy.asnumpy(value)
+    return host.view(np_dtype("bfloat16")) if np.dtype(dtype).name == "bfloat16" else host
+
+
 def _to_device_layout(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.name == "bfloat16" else np.ascontiguousarray(a)
 
@@ -267,9 +330,10 @@ def _step_io(s):
 def make_executor(partition: Partition, options):
     """The session's executor for target 'cuda': compile the partition, then run it."""
     try:
-        import cupy  # noqa: F401
+        import cupy
     except ImportError as e:
         raise PowerFusionError(f"target 'cuda' needs CuPy ({e})") from None
-    plan = compile_partition(partition.graph, partition, partition.target)
-    runner = CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)))
-    return runner
+    device_id = int(getattr(options, "device_id", 0))
+    with cupy.cuda.Device(device_id):
+        plan = compile_partition(partition.graph, partition, partition.target)
+        return CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)), device_id=device_id)
