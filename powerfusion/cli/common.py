@@ -60,15 +60,23 @@ def parse_shapes(text: str | None):
     return parse(text)
 
 
-def make_session(args, target: str | None = None):
+def make_session(args, target: str | None = None, session_options: dict | None = None):
+    """The session for `args.model`: an .onnx file, or a folder `compile -o` wrote (cuda)."""
     from powerfusion.session import InferenceSession
-    check_model_path(args.model)
+    target = target or getattr(args, "target", None)
+    if os.path.isdir(args.model) and target is None:
+        target = "cuda"   # a compiled folder holds CUDA kernels
+    elif not os.path.isdir(args.model):
+        check_model_path(args.model)
     progress(f"importing and partitioning {args.model}")
     with Timer() as t:
-        sess = InferenceSession(args.model, target=target or getattr(args, "target", None),
-                                shapes=parse_shapes(args.shapes))
-    progress(f"prepared in {t.seconds:.2f} s: {len(sess.partition.library_calls)} library calls, "
-             f"{len(sess.partition.subgraphs)} memory-bound subgraphs")
+        sess = InferenceSession(args.model, target=target, shapes=parse_shapes(args.shapes),
+                                options=session_options)
+    if sess.partition is not None:
+        progress(f"prepared in {t.seconds:.2f} s: {len(sess.partition.library_calls)} library calls, "
+                 f"{len(sess.partition.subgraphs)} memory-bound subgraphs")
+    else:
+        progress(f"loaded the compiled folder in {t.seconds:.2f} s")
     return sess
 
 
