@@ -19,12 +19,12 @@ __version__ = "0.1.0"
 
 __all__ = ["InferenceSession", "NodeArg", "options", "PowerFusionError", "ModelError",
            "UnsupportedOpError", "NodeError", "FeedError", "CompileError", "quantize_weights",
-           "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "ModelMetadata",
+           "demo_model", "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "ModelMetadata",
            "get_available_providers", "get_all_providers", "get_device", "OrtValue", "IOBinding",
            "__version__"]
 
 # onnxruntime's names (`import powerfusion as ort` in an onnxruntime script): module -> names
-_ORT_NAMES = {"powerfusion.ort_api": ("SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode",
+_ORT_NAMES = {"powerfusion.ort_api": ("demo_model", "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode",
                                       "ModelMetadata", "get_available_providers", "get_all_providers",
                                       "get_device"),
               "powerfusion.iobinding": ("OrtValue", "IOBinding")}
@@ -39,6 +39,9 @@ def __getattr__(name):
         if name in names:
             import importlib
             return getattr(importlib.import_module(module), name)
+    if name == "demo_model":
+        from powerfusion.demo import demo_model
+        return demo_model
     if name == "quantize_weights":  # ttile (jinja2 templates, the scheduler) only when asked for
         from powerfusion.ttile.onnx_quant import quantize_weights
         return quantize_weights

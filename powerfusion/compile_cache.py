@@ -59,8 +59,11 @@ def root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:   # hashlib.file_digest is 3.11+; this reads the same way
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 @lru_cache(maxsize=1)

@@ -158,6 +158,49 @@ def test_compare_detects_wrong_numbers(capsys, model_path, monkeypatch):
     assert code == 1 and "FAIL" in out
 
 
+def test_compare_without_onnxruntime_says_so_before_any_work(capsys, model_path, monkeypatch):
+    import sys
+    import powerfusion.cli.common as common
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)    # import onnxruntime -> ImportError
+    monkeypatch.setattr(common, "make_session", lambda *a, **k: pytest.fail("work started before the check"))
+    code, _, err = run_cli(capsys, "compare", model_path)
+    assert code == 2 and "powerfusion[ort]" in err
+
+
+def test_compare_prints_full_tensor_names(capsys, tmp_path):
+    pytest.importorskip("onnxruntime")
+    long = "/bert/encoder/layer.0/attention/self/Softmax_output_0"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Relu", ["x"], [long]), helper.make_node("Neg", [long], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+                                                 helper.make_tensor_value_info(long, TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "long.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    code, out, err = run_cli(capsys, "compare", str(path))
+    assert code == 0, out + err
+    assert long in out
+
+
+def test_global_flags_after_the_subcommand(capsys, model_path):
+    assert cli.main(["run", model_path, "-q"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(["run", model_path, "-v"]) == 0
+    assert "[powerfusion] import:" in capsys.readouterr().err    # -v: build steps with their timings
+
+
+def test_python_dash_m_powerfusion():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "powerfusion", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("powerfusion ")
+
+
+def test_bundled_models_resolve_by_name(capsys):
+    code, out, err = run_cli(capsys, "inspect", "sardrn_small")
+    assert code == 0, err
+    assert "sardrn_small.onnx" in out
+
+
 @pytest.mark.parametrize("argv,fragment", [
     (["run", "no/such/model.onnx"], "does not exist"),
     (["inspect", "no/such/model.onnx"], "does not exist"),

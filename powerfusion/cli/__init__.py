@@ -51,9 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile and run ONNX models: library calls for compute-bound ops, "
                     "fused kernels for memory-bound subgraphs.")
     parser.add_argument("--version", action="version", version=f"powerfusion {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more progress output on stderr")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--cache-dir", help="where compiled kernels are cached (default: ~/.cache/powerfusion)")
+    _add_global_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
         module = _load(module_name)
@@ -65,7 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(func=module.main)
+    for p in sub.choices.values():   # the global flags also after the subcommand: `powerfusion run M -v`
+        _add_global_flags(p, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, default) -> None:
+    """-v / -q / --cache-dir. On subcommands their default is SUPPRESS, so a flag given before
+    the subcommand is not reset by the subcommand's parser."""
+    parser.add_argument("-v", "--verbose", action="count", default=default,
+                        help="more output on stderr (-v: steps with timings, -vv: subgraphs, search, cache)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress output")
+    parser.add_argument("--cache-dir", default=default,
+                        help="where compiled kernels are cached (default: ~/.cache/powerfusion)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return USER_ERROR
-    verbose = 0 if args.quiet else max(options.current().verbose, 1 + args.verbose)
+    verbose = 0 if args.quiet else max(options.current().verbose, 1 + (args.verbose or 0))
     changes = {"verbose": verbose}
     if args.cache_dir:
         changes["cache_dir"] = args.cache_dir

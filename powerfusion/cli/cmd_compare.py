@@ -16,7 +16,7 @@ HELP = "compare outputs (and optionally every subgraph's outputs) with onnxrunti
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p, target=False)
+    add_model_arguments(p)
     p.add_argument("--inputs", help=".npz file with one array per model input (default: seeded random)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--per-subgraph", action="store_true", help="also compare each memory-bound subgraph's outputs")
@@ -27,10 +27,13 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     import onnx
 
-    sess = make_session(args, target="cpu")
+    _require_onnxruntime()   # before any work: the reference is the point of the command
+    sess = make_session(args, target=args.target or "cpu")
     feeds = load_or_make_inputs(sess, args.inputs, args.seed)
-    ours = sess.run_all_tensors(feeds)
+    ours = sess.run_all_tensors(feeds) if args.per_subgraph else dict(zip(
+        [t.name for t in sess.graph.outputs], sess.run(None, feeds)))
     proto = onnx.load(args.model)
+    feeds = {k: (v.get() if hasattr(v, "get") else v) for k, v in feeds.items()}
     outputs = [t.name for t in sess.graph.outputs]
     rows = [(None, name) for name in outputs]
     skipped = 0
@@ -45,14 +48,15 @@ def main(args) -> int:
         _expose(proto, [name for sg, name in rows if sg is not None], sess.graph)
     progress("running onnxruntime (CPUExecutionProvider)")
     reference = _run_onnxruntime(proto, feeds, [name for _, name in rows])
-    print(f"{'subgraph':<10}{'tensor':<32}{'shape':<18}{'dtype':<9}{'max abs':>11}{'max rel':>11}"
+    width = max([len("tensor")] + [len(name) for _, name in rows]) + 2   # full names: no two read alike
+    print(f"{'subgraph':<10}{'tensor':<{width}}{'shape':<18}{'dtype':<9}{'max abs':>11}{'max rel':>11}"
           f"{'rtol':>8}{'atol':>8}  result")
     failures = 0
     for sg, name in rows:
         got, want = np.asarray(ours[name]), np.asarray(reference[name])
         rtol, atol, max_abs, max_rel, ok = compare_arrays(got, want, args.rtol, args.atol)
         failures += not ok
-        print(f"{sg or 'output':<10}{name[:31]:<32}{str(tuple(want.shape))[:17]:<18}{want.dtype.name:<9}"
+        print(f"{sg or 'output':<10}{name:<{width}}{str(tuple(want.shape)):<18}{want.dtype.name:<9}"
               f"{max_abs:>11.3g}{max_rel:>11.3g}{rtol:>8.0e}{atol:>8.0e}  {'pass' if ok else 'FAIL'}")
     if skipped:
         print(f"({skipped} subgraph output(s) are internal to a decomposed ONNX node and have no onnxruntime "
@@ -92,11 +96,16 @@ def _expose(proto, names: list[str], graph) -> None:
         proto.graph.output.append(helper.make_tensor_value_info(name, elem, list(info.shape)))
 
 
-def _run_onnxruntime(proto, feeds, names) -> dict[str, np.ndarray]:
+def _require_onnxruntime() -> None:
     try:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401
     except ImportError:
-        raise PowerFusionError("compare needs onnxruntime: python3 -m pip install onnxruntime") from None
+        raise PowerFusionError("compare needs onnxruntime, the reference it compares against: "
+                               "python3 -m pip install 'powerfusion[ort]'") from None
+
+
+def _run_onnxruntime(proto, feeds, names) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
     from onnx import helper
     # onnx may stamp an IR version newer than onnxruntime reads; the opsets fix the one needed
     proto.ir_version = min(proto.ir_version, helper.find_min_ir_version_for(list(proto.opset_import), True))

@@ -28,7 +28,8 @@ def main(args) -> int:
     if entry.extension is None:
         raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "
                                f"{', '.join(source_backends())}")
-    model, shapes = check_model_path(args.model), parse_shapes(args.shapes)
+    args.model = model = check_model_path(args.model)
+    shapes = parse_shapes(args.shapes)
     use_cache = not (args.no_cache or args.tune)
     if use_cache:
         key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)

@@ -40,7 +40,7 @@ def build_report(model_path: str, shapes, target: str) -> dict:
     from powerfusion.session import onnx_type_string
 
     spec = get_target(target)
-    check_model_path(model_path)
+    model_path = check_model_path(model_path)
     proto = onnx.load(model_path, load_external_data=False)
     ops = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
                               for n in proto.graph.node)

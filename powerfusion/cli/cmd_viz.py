@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     from powerfusion.viz import render, viz_data
-    check_model_path(args.model)
+    args.model = check_model_path(args.model)
     fmt = args.format or _format_from(args.output) or "html"
     out = args.output or os.path.splitext(os.path.basename(args.model))[0] + "." + fmt
     if args.view is not None or args.step is not None:

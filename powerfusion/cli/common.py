@@ -46,8 +46,12 @@ class Timer:
 
 
 def check_model_path(path: str) -> str:
+    from powerfusion import demo
+    path = demo.resolve(path)
     if not os.path.exists(path):
-        raise PowerFusionError(f"model file '{path}' does not exist")
+        from powerfusion import demo
+        raise PowerFusionError(f"model file '{path}' does not exist (bundled models, usable by name: "
+                               f"{', '.join(demo.names())})")
     if os.path.isdir(path):
         raise PowerFusionError(f"'{path}' is a directory; give the path of an .onnx file")
     return path
@@ -67,7 +71,7 @@ def make_session(args, target: str | None = None, session_options: dict | None =
     if os.path.isdir(args.model) and target is None:
         target = "cuda"   # a compiled folder holds CUDA kernels
     elif not os.path.isdir(args.model):
-        check_model_path(args.model)
+        args.model = check_model_path(args.model)
     progress(f"importing and partitioning {args.model}")
     with Timer() as t:
         sess = InferenceSession(args.model, target=target, shapes=parse_shapes(args.shapes),

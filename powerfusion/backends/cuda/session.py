@@ -181,6 +181,21 @@ class CudaPlanRunner:
             cupy.cuda.get_current_stream().synchronize()
         return out
 
+    def all_tensors(self, feeds: dict) -> dict:
+        """Every output of every step, on the host (the arena reuses memory, so each step's
+        outputs are copied down right after it runs; for `compare --per-subgraph`)."""
+        import cupy
+        out = {}
+        with cupy.cuda.Device(self.device_id):
+            self._load_inputs(feeds)
+            for s in self.plan.steps:
+                self._run_steps([s])
+                for t in _step_io(s)[1]:
+                    if t in self.tensors:
+                        out[t] = _to_host(self.tensors[t], self.graph.tensors[t].dtype)
+        out.update(self(feeds))
+        return out
+
     def _run_graph(self, feeds: dict) -> None:
         self._load_inputs(feeds)
         if self._cuda_graph is None:
