@@ -431,25 +431,17 @@ def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:
 
 
 class _Progress:
-    """A one-line text progress bar on stderr, shown only for long searches."""
+    """A progress bar (tqdm, powerfusion.progress) over the candidate plans of a long search."""
 
     def __init__(self, total: int, name: str, mode):
-        from powerfusion import options
-        self.total, self.name, self.k = total, name, 0
-        if mode is None:
-            mode = total >= PROGRESS_MIN and (options.current().verbose >= 1 or sys.stderr.isatty())
-        self.on = bool(mode)
-        self.t0 = time.perf_counter()
+        from powerfusion.progress import progress_bar
+        enabled = None if mode is None else bool(mode)   # None: on a terminal at verbose >= 1
+        if mode is None and total < PROGRESS_MIN:
+            enabled = False
+        self.bar = progress_bar(total=total, desc=f"plan search {name}", unit="plan", enabled=enabled)
 
     def step(self) -> None:
-        self.k += 1
-        if self.on:
-            n = 30 * self.k // max(1, self.total)
-            sys.stderr.write(f"\r[plan search {self.name}] [{'#' * n}{'.' * (30 - n)}] {self.k}/{self.total} "
-                             f"{time.perf_counter() - self.t0:5.1f}s")
-            sys.stderr.flush()
+        self.bar.update(1)
 
     def done(self) -> None:
-        if self.on:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self.bar.close()

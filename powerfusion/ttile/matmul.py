@@ -43,8 +43,12 @@ class Matmul:
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
                  arch: str = "sm_90", target: str = "h200", kernel: str | None = None):
+        from powerfusion.ttile.dtype_names import canonical   # BitBLAS spellings: "float16", "bfloat16", ...
+        A_dtype, W_dtype = canonical(A_dtype), canonical(W_dtype)
+        accum_dtype, out_dtype = canonical(accum_dtype), canonical(out_dtype)
         if A_dtype not in codegen.KERNEL_WTYPES:
-            raise ValueError(f"A_dtype must be one of {sorted(codegen.KERNEL_WTYPES)}, got {A_dtype!r}")
+            raise ValueError(f"A_dtype must be one of {sorted(codegen.KERNEL_WTYPES)} (or BitBLAS's float16 / "
+                             f"bfloat16 / int8), got {A_dtype!r}")
         if W_dtype not in codegen.KERNEL_WTYPES[A_dtype]:
             raise ValueError(f"no {W_dtype} x {A_dtype} kernel; supported W types for {A_dtype}: "
                              f"{codegen.KERNEL_WTYPES[A_dtype]}")

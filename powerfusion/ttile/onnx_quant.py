@@ -34,6 +34,8 @@ def quantize_weights(model: onnx.ModelProto, W_dtype: str = "int4", group_size: 
     """MatMul(A, B const [K, N] float) -> MatMulNBits(A, B_q, scales[, zero_points]).
     Signed types are symmetric (MatMulNBits' default zero point 2**(bits-1) is our offset
     binary); unsigned ones carry uint8 zero points. Other MatMuls are left unchanged."""
+    from powerfusion.ttile.dtype_names import canonical
+    W_dtype = canonical(W_dtype)
     if W_dtype not in NBITS_WTYPES:
         raise ValueError(f"MatMulNBits holds {sorted(NBITS_WTYPES)}; got {W_dtype!r}")
     if group_size < 32 or group_size & (group_size - 1):   # MatMulNBits: >= 16; our kernels: >= 32
@@ -168,6 +170,8 @@ def matmul_nbits_to_typed(node, consts: dict, M: int, A_dtype: str = "fp16",
                           out_dtype: str | None = None) -> tuple[Matmul, PackedWeight]:
     """The typed GEMM for a MatMulNBits node with M activation rows (scales become fp16);
     out_dtype: A_dtype (default) or fp32."""
+    from powerfusion.ttile.dtype_names import canonical
+    A_dtype, out_dtype = canonical(A_dtype), canonical(out_dtype)
     qw, _ = _nbits_weight(node, consts)
     bias_name = node.input[5] if len(node.input) > 5 else ""
     bias = consts.get(bias_name) if bias_name else None
@@ -179,6 +183,8 @@ def dequantize_matmul_to_typed(dq, matmul, consts: dict, M: int, A_dtype: str = 
                                out_dtype: str | None = None) -> tuple[Matmul, PackedWeight]:
     """DequantizeLinear(x [K, N] int4/uint4/int8/uint8 const) -> MatMul(A, .): the typed GEMM.
     Scales per output column (axis=1) or in blocks along K (axis=0, block_size attribute)."""
+    from powerfusion.ttile.dtype_names import canonical
+    A_dtype, out_dtype = canonical(A_dtype), canonical(out_dtype)
     x = consts.get(dq.input[0])
     s = consts.get(dq.input[1])
     z = consts.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None

@@ -120,7 +120,10 @@ for _b in (1, 2, 4, 8):
 
 
 def get_ttype(name: str) -> TType:
-    """Registered tType, or an arbitrary-width integer spelled intN / uintN (1 <= N <= 32)."""
+    """Registered tType, or an arbitrary-width integer spelled intN / uintN (1 <= N <= 32);
+    BitBLAS's long names (float16, bfloat16, float32, float8_e4m3, ...) are accepted too."""
+    from powerfusion.ttile.dtype_names import canonical
+    name = canonical(name)
     if name in REGISTRY:
         return REGISTRY[name]
     for prefix, signed in (("uint", False), ("int", True)):

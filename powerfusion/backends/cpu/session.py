@@ -81,7 +81,9 @@ class CpuPlan:
 
 def compile_cpu_plan(partition: Partition) -> CpuPlan:
     t0 = time.perf_counter()
-    kernels = {s.name: compile_subgraph(s, partition.graph) for s in partition.subgraphs}
+    from powerfusion.progress import progress_bar
+    subgraphs = progress_bar(partition.subgraphs, desc="lowering to GIR", unit="subgraph")
+    kernels = {s.name: compile_subgraph(s, partition.graph) for s in subgraphs}
     for k in kernels.values():
         if k.fallback:
             warnings.warn(f"subgraph {k.subgraph.name} ({len(k.subgraph.nodes)} basic ops) runs on the basic-op "
