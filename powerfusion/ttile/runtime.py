@@ -25,17 +25,9 @@ def compile_kernel(source: str, name: str):
         return cp.RawModule(code=source, options=("-std=c++17",), backend="nvcc").get_function(name)
 
 
-def bf16_bits_to_f32(x):
-    """uint16 array of bf16 bits -> float32 (exact)."""
-    import cupy as cp
-    return (x.astype(cp.uint32) << 16).view(cp.float32)
-
-
-def f32_to_bf16_bits(x):
-    """float32 -> uint16 bf16 bits, round to nearest even (finite inputs)."""
-    import cupy as cp
-    u = x.astype(cp.float32).view(cp.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
+# bf16 <-> fp32 on the device: one pair, in backends/cuda/library.py (NaN stays NaN there; the
+# copy that lived here turned NaN into Inf). Host-side bf16 is ml_dtypes.bfloat16 throughout.
+from powerfusion.backends.cuda.library import bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402,F401
 
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h)

@@ -190,3 +190,21 @@ def test_conv_rejects_mismatched_groups():
     from powerfusion.backends.cuda.library import conv
     with pytest.raises(ValueError, match="group=2"):
         conv(cupy.zeros((1, 3, 4, 4), cupy.float32), cupy.zeros((4, 1, 1, 1), cupy.float32), group=2)
+
+
+@pytest.mark.gpu
+def test_device_bf16_conversion_keeps_nan_and_matches_ml_dtypes():
+    """The device bf16 pair against ml_dtypes' rounding; NaN (any payload) stays NaN."""
+    import cupy
+    import ml_dtypes
+    from powerfusion.ttile.runtime import bf16_bits_to_f32, f32_to_bf16_bits
+    x = np.array([1.0, -2.5, 3.14159, 1e-40, 65504.0, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([x, np.array([0x7F800001, 0x7FFFFFFF], np.uint32).view(np.float32)])
+    bits = f32_to_bf16_bits(cupy.asarray(x)).get()
+    want = x.astype(ml_dtypes.bfloat16)
+    got = bits.view(ml_dtypes.bfloat16)
+    assert np.array_equal(np.isnan(got.astype(np.float32)), np.isnan(x))
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(got[finite].astype(np.float32), want[finite].astype(np.float32))
+    back = bf16_bits_to_f32(cupy.asarray(bits)).get()
+    np.testing.assert_array_equal(np.isnan(back), np.isnan(x))

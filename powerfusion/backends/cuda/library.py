@@ -64,6 +64,8 @@ def bf16_matmul_native() -> bool:
         return False
 
 
+# CuPy arrays have no bfloat16 dtype we can rely on (bf16_matmul_native probes it), so the
+# device keeps bf16 as uint16 bits and these two convert on the GPU; on the host, ml_dtypes.
 def bf16_bits_to_f32(bits):
     """uint16 bf16 bit patterns -> float32 (exact)."""
     import cupy
