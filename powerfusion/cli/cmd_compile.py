@@ -35,6 +35,7 @@ def main(args) -> int:
         key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)
         hit = compile_cache.lookup(key, args.output)
         if hit is not None:
+            _write_manifest(args)
             _print_summary(args, hit.summary)
             progress(f"cached compile {key[:12]}: output folder "
                      + ("up to date" if not hit.copied else f"restored ({hit.copied} file(s))"))
@@ -57,6 +58,7 @@ def main(args) -> int:
     if use_cache:
         compile_cache.store(key, path.parent, compile_cache.output_files(path), summary,
                             plan.graph.metadata.get("external_data", []))
+    _write_manifest(args)
     t4 = time.perf_counter()
     if args.timings:
         if use_cache:
@@ -69,6 +71,12 @@ def main(args) -> int:
             print(f"  {'cache':<10} {t4 - t3:8.3f} s   (storing the result for the next compile)")
         print(f"  {'total':<10} {t4 - t0:8.3f} s (including writing)")
     return 0
+
+
+def _write_manifest(args) -> None:
+    """artefact.json: what `InferenceSession(DIR)` / `powerfusion run DIR` check before loading."""
+    from powerfusion.artefact import write_manifest
+    write_manifest(args.output, args.model, args.target)
 
 
 def _print_summary(args, summary: dict) -> None:
