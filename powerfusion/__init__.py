@@ -2,7 +2,7 @@
 fused through an instruction-level graph IR and emitted as CUDA, HIP or BANG C.
 
     import powerfusion as pf
-    sess = pf.InferenceSession("model.onnx")          # like onnxruntime.InferenceSession
+    sess = pf.InferenceSession("model.onnx")          # onnxruntime's constructor and API
     outputs = sess.run(None, {"x": x})
     q = pf.quantize_weights(model, "int4", 128)       # MatMul weights -> com.microsoft.MatMulNBits
 
@@ -24,8 +24,8 @@ __all__ = ["InferenceSession", "NodeArg", "options", "PowerFusionError", "ModelE
            "__version__"]
 
 # onnxruntime's names (`import powerfusion as ort` in an onnxruntime script): module -> names
-_ORT_NAMES = {"powerfusion.ort_api": ("demo_model", "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode",
-                                      "ModelMetadata", "get_available_providers", "get_all_providers",
+_ORT_NAMES = {"powerfusion.ort_api": ("SessionOptions", "RunOptions", "GraphOptimizationLevel",
+                                      "ExecutionMode", "ModelMetadata", "get_available_providers", "get_all_providers",
                                       "get_device"),
               "powerfusion.iobinding": ("OrtValue", "IOBinding")}
 
