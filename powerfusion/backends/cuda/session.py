@@ -154,10 +154,10 @@ class CudaPlanRunner:
 
     def __call__(self, feeds: dict) -> dict:
         """feeds (numpy or CuPy arrays) -> every output as a numpy array."""
-        out = self.run_device(feeds)
+        out = self.run_device(feeds, fresh=False)   # downloaded at once: arena views suffice
         return {name: _to_host(value, self.graph.tensors[name].dtype) for name, value in out.items()}
 
-    def run_device(self, feeds: dict, names=None, into: dict | None = None) -> dict:
+    def run_device(self, feeds: dict, names=None, into: dict | None = None, fresh: bool = True) -> dict:
         """feeds (numpy or CuPy arrays) -> outputs `names` (default: all) as CuPy arrays.
 
         Without CUDA graphs, CuPy feeds are read where they lie and outputs in `into` are
@@ -174,10 +174,9 @@ class CudaPlanRunner:
                 self._run_graph(feeds)
                 env = self.tensors
             else:
-                env = {**self.tensors, **self._device_feeds(feeds),
-                       **{n: a for n, a in into.items() if n in self.tensors}}
+                env = {**self.tensors, **self._device_feeds(feeds), **self._writable_outputs(into)}
                 self._run_steps(env=env)
-            out = {name: self._output(name, env, into.get(name)) for name in names}
+            out = {name: self._output(name, env, into.get(name), fresh) for name in names}
             cupy.cuda.get_current_stream().synchronize()
         return out
 
@@ -220,7 +219,17 @@ class CudaPlanRunner:
                 env[t.name] = slot
         return env
 
-    def _output(self, name: str, env: dict, target):
+    def _writable_outputs(self, into: dict) -> dict:
+        """Bound output buffers the steps can write directly: contiguous, of the planned dtype
+        and size (others get a copy after the run)."""
+        out = {}
+        for n, a in into.items():
+            slot = self.tensors.get(n)
+            if slot is not None and a.flags.c_contiguous and a.dtype == slot.dtype and a.size == slot.size:
+                out[n] = a.reshape(slot.shape)
+        return out
+
+    def _output(self, name: str, env: dict, target, fresh: bool = True):
         """Output `name` as a CuPy array: written into `target` when given, else a fresh copy."""
         import cupy
         info = self.graph.tensors[name]
@@ -234,9 +243,11 @@ class CudaPlanRunner:
         else:
             value = env[name]
         if target is None:
-            return value.copy() if value is self.tensors.get(name) else value
-        if target is not value:
-            target[...] = value.reshape(target.shape).view(target.dtype) if target.dtype != value.dtype else value
+            return value.copy() if fresh and value is self.tensors.get(name) else value
+        if target.data.ptr != value.data.ptr:   # not written in place: copy on the device
+            if target.dtype != value.dtype and target.dtype.itemsize == value.dtype.itemsize:
+                value = value.view(target.dtype)   # bf16 bits into a 2-byte buffer of another name
+            target[...] = value.reshape(target.shape)
         return target
 
     def _load_inputs(self, feeds: dict) -> None:

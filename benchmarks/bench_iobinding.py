@@ -1,0 +1,94 @@
+"""Per-call overhead of IO binding on CUDA: run_with_iobinding with CuPy inputs and bound CuPy
+outputs, against the device time of the same session's CUDA-graph replay.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_iobinding.py [--models sardrn_small,resnet_small] [--calls 2000]
+
+Per model: device time (graph replay between CUDA events, median of --calls), the wall time of
+one `sess.run_with_iobinding(binding)` (median of --calls, each synchronised, as the call itself
+synchronises) and of one `sess.run(None, numpy feeds)`; overhead = binding call - device time.
+The issue's target is overhead <= 20 us. Writes benchmarks/results/iobinding-overhead.json/.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGET_US = 20.0
+
+
+def measure(name: str, calls: int) -> dict:
+    import cupy
+    import numpy as np
+    import powerfusion as pf
+    sess = pf.InferenceSession(pf.demo_model(name), providers=["CUDAExecutionProvider"],
+                               options={"cuda_graph": True})
+    rng = np.random.default_rng(0)
+    host = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+    dev_in = {k: cupy.asarray(v) for k, v in host.items()}
+    dev_out = {o.name: cupy.empty(o.shape, np.float32) for o in sess.get_outputs()}
+    binding = sess.io_binding()
+    for k, v in dev_in.items():
+        binding.bind_input(k, "cuda", 0, np.float32, v.shape, v.data.ptr)
+    for k, v in dev_out.items():
+        binding.bind_output(k, "cuda", 0, np.float32, v.shape, v.data.ptr)
+    for _ in range(20):
+        sess.run_with_iobinding(binding)
+    runner = sess._executor
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    device = []
+    for _ in range(calls):
+        start.record()
+        runner._replay()
+        stop.record()
+        stop.synchronize()
+        device.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+    bound, plain = [], []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(binding)
+        bound.append((time.perf_counter() - t0) * 1e6)
+    for _ in range(max(calls // 10, 20)):
+        t0 = time.perf_counter()
+        sess.run(None, host)
+        plain.append((time.perf_counter() - t0) * 1e6)
+    dev_us, bound_us = statistics.median(device), statistics.median(bound)
+    return {"model": name, "device_us": round(dev_us, 2), "iobinding_call_us": round(bound_us, 2),
+            "overhead_us": round(bound_us - dev_us, 2), "run_numpy_us": round(statistics.median(plain), 2),
+            "calls": calls, "within_target": bound_us - dev_us <= TARGET_US}
+
+
+def main(argv=None) -> int:
+    from benchmarks.harness import run_metadata
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="sardrn_small,resnet_small,shufflenet_small")
+    ap.add_argument("--calls", type=int, default=2000)
+    args = ap.parse_args(argv)
+    rows = [measure(m, args.calls) for m in args.models.split(",")]
+    meta = run_metadata(target_overhead_us=TARGET_US)
+    try:
+        from powerfusion.backends.cuda.runtime import device_info
+        meta["device"] = device_info().name
+    except Exception:
+        pass
+    out = ROOT / "benchmarks" / "results" / "iobinding-overhead"
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    lines = [f"# IO-binding overhead (CUDA, cuda_graph=True)", "",
+             f"{meta.get('device', '?')}, {meta['date']}, commit {meta['git_commit']}; medians of {args.calls} calls; "
+             f"target: overhead <= {TARGET_US:g} us.", "",
+             "| model | device us | run_with_iobinding us | overhead us | run(numpy) us |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['device_us']} | {r['iobinding_call_us']} | {r['overhead_us']} | {r['run_numpy_us']} |"
+              for r in rows]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
