@@ -361,5 +361,11 @@ def make_executor(partition: Partition, options):
         raise PowerFusionError(f"target 'cuda' needs CuPy ({e})") from None
     device_id = int(getattr(options, "device_id", 0))
     with cupy.cuda.Device(device_id):
-        plan = compile_partition(partition.graph, partition, partition.target)
+        say = None
+        if int(getattr(options, "verbose", 0)) >= 2:   # -vv: each subgraph as the search reaches it
+            import sys
+            say = lambda message: print(f"[powerfusion] {message}", file=sys.stderr, flush=True)  # noqa: E731
+        plan = compile_partition(partition.graph, partition, partition.target, progress=say)
+        if say:
+            say("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
         return CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)), device_id=device_id)
