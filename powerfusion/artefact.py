@@ -72,7 +72,9 @@ def write_manifest(folder: str | os.PathLike, model_path: str, target: str) -> P
            "outputs": [o.name for o in header.graph.output],
            "files": {name: file_digest(folder / name) for name in _plan_files(folder)}}
     path = folder / MANIFEST
-    path.write_text(json.dumps(doc, indent=1))
+    text = json.dumps(doc, indent=1)
+    if not path.is_file() or path.read_text() != text:   # an up-to-date folder is left alone
+        path.write_text(text)
     return path
 
 
