@@ -51,7 +51,7 @@ class Artefact:
 
     def make_executor(self, options):
         from powerfusion.backends.cuda.artefact_runner import make_artefact_executor
-        from powerfusion.perfmodel.specs import get_target
+        from powerfusion.targets.specs import get_target
         backend = get_target(self.manifest["target"]).backend
         if backend != "cuda":
             raise ArtefactError(f"'{self.folder}' holds {backend} kernels; only CUDA folders run from Python here")
@@ -61,12 +61,11 @@ class Artefact:
 def write_manifest(folder: str | os.PathLike, model_path: str, target: str) -> Path:
     """artefact.json for a folder `compile` has just written (after plan.json and sources)."""
     import onnx
-    from powerfusion import __version__
     from powerfusion.compile_cache import code_version, file_digest
     folder = Path(folder)
     header = onnx.load(model_path, load_external_data=False)
     initializers = {t.name for t in header.graph.initializer}
-    doc = {"format": FORMAT, "powerfusion": __version__, "toolchain": code_version(), "target": target,
+    doc = {"format": FORMAT, "powerfusion": _version(), "toolchain": code_version(), "target": target,
            "model": {"path": os.path.abspath(model_path), "sha256": file_digest(model_path)},
            "inputs": [i.name for i in header.graph.input if i.name not in initializers],
            "outputs": [o.name for o in header.graph.output],
@@ -76,6 +75,14 @@ def write_manifest(folder: str | os.PathLike, model_path: str, target: str) -> P
     if not path.is_file() or path.read_text() != text:   # an up-to-date folder is left alone
         path.write_text(text)
     return path
+
+
+def _version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("powerfusion")
+    except metadata.PackageNotFoundError:   # a checkout on PYTHONPATH: the toolchain hash still decides
+        return "unknown"
 
 
 def load_artefact(folder: str | os.PathLike) -> Artefact:
@@ -109,10 +116,6 @@ def load_artefact(folder: str | os.PathLike) -> Artefact:
                                 "compile the model again")
     _check_plan(plan, folder)
     return Artefact(folder, manifest, plan, _graph(plan, manifest, folder))
-
-
-def load_constant(folder: Path, name: str) -> np.ndarray:
-    return np.load(folder / name, allow_pickle=False)
 
 
 def _plan_files(folder: Path) -> list[str]:
@@ -158,7 +161,7 @@ def _check_plan(plan: dict, folder: Path) -> None:
 
 
 def _graph(plan: dict, manifest: dict, folder: Path):
-    from powerfusion.frontend.basic import BasicGraph, TensorInfo
+    from powerfusion.basic import BasicGraph, TensorInfo
     from powerfusion.gir.interpreter import np_dtype
     tensors = {}
     for name, t in plan["tensors"].items():

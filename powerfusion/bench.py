@@ -182,7 +182,7 @@ def _cuda_device_name() -> str:
 
 def _profile_cpu(session, feeds: dict):
     session.run(None, feeds)
-    from powerfusion.frontend.basic import Subgraph
+    from powerfusion.basic import Subgraph
     steps = {(s.name if isinstance(s, Subgraph) else s.node.name): s for s in session.partition.steps}
     rows, events, at = [], [], 0.0
     for name, secs in session.profile:

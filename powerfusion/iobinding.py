@@ -83,8 +83,10 @@ class OrtValue:
         return self._device
 
     def data_type(self) -> str:
-        from powerfusion.session import onnx_type_string
-        return onnx_type_string(self._array.dtype)
+        """onnxruntime's type string, e.g. "tensor(float)"."""
+        name = np.dtype(self._array.dtype).name
+        name = {"float32": "float", "float64": "double"}.get(name, name)
+        return f"tensor({name.replace('_', '')})"
 
     def element_type(self) -> int:
         return helper.np_dtype_to_tensor_dtype(np.dtype(self._array.dtype))

@@ -123,8 +123,18 @@ class ProviderChoice:
 
 def get_available_providers() -> list[str]:
     """Providers this installation can run, best first (CUDA only with CuPy and a GPU)."""
-    from powerfusion.backend import cuda_available
-    return [CUDA_PROVIDER, CPU_PROVIDER] if cuda_available() else [CPU_PROVIDER]
+    return [CUDA_PROVIDER, CPU_PROVIDER] if _cuda_device() else [CPU_PROVIDER]
+
+
+def _cuda_device() -> bool:
+    import importlib.util
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:   # CuPy without a driver raises at first use
+        return False
 
 
 def get_all_providers() -> list[str]:

@@ -95,7 +95,7 @@ def test_compiled_folder_runs_in_a_fresh_process_without_search(compiled, tmp_pa
     x = np.random.default_rng(0).standard_normal((1, 1, 64, 64)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     script = (
-        "import sys, numpy as np, powerfusion, powerfusion.compiler as c, powerfusion.perfmodel.search as s\n"
+        "import sys, numpy as np, powerfusion, powerfusion.compiler as c, powerfusion.pipeline.search as s\n"
         "def no(*a, **k): raise SystemExit('search ran')\n"
         "c.compile_partition = c.compile_model = s.choose_plan = no\n"
         f"sess = powerfusion.InferenceSession({str(out)!r}, providers=['CUDAExecutionProvider'])\n"

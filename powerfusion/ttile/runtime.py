@@ -25,9 +25,22 @@ def compile_kernel(source: str, name: str):
         return cp.RawModule(code=source, options=("-std=c++17",), backend="nvcc").get_function(name)
 
 
-# bf16 <-> fp32 on the device: one pair, in backends/cuda/library.py (NaN stays NaN there; the
-# copy that lived here turned NaN into Inf). Host-side bf16 is ml_dtypes.bfloat16 throughout.
-from powerfusion.backends.cuda.library import bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402,F401
+# CuPy arrays have no bfloat16 dtype we can rely on (backends/cuda/library.py probes it), so the
+# device keeps bf16 as uint16 bits and these two convert on the GPU (NaN stays NaN; the copy that
+# lived here before turned NaN into Inf); on the host bf16 is ml_dtypes.bfloat16 throughout.
+def bf16_bits_to_f32(bits):
+    """uint16 bf16 bit patterns -> float32 (exact)."""
+    import cupy
+    return (bits.astype(cupy.uint32) << 16).view(cupy.float32)
+
+
+def f32_to_bf16_bits(x):
+    """float32 -> uint16 bf16 bit patterns, round to nearest even; NaN stays a quiet NaN."""
+    import cupy
+    u = cupy.ascontiguousarray(x, dtype=cupy.float32).view(cupy.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(cupy.uint16)
+    is_nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return cupy.where(is_nan, ((u >> 16) | 0x0040).astype(cupy.uint16), rounded)
 
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h)

@@ -64,21 +64,8 @@ def bf16_matmul_native() -> bool:
         return False
 
 
-# CuPy arrays have no bfloat16 dtype we can rely on (bf16_matmul_native probes it), so the
-# device keeps bf16 as uint16 bits and these two convert on the GPU; on the host, ml_dtypes.
-def bf16_bits_to_f32(bits):
-    """uint16 bf16 bit patterns -> float32 (exact)."""
-    import cupy
-    return (bits.astype(cupy.uint32) << 16).view(cupy.float32)
-
-
-def f32_to_bf16_bits(x):
-    """float32 -> uint16 bf16 bit patterns, round to nearest even; NaN stays a quiet NaN."""
-    import cupy
-    u = cupy.ascontiguousarray(x, dtype=cupy.float32).view(cupy.uint32)
-    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(cupy.uint16)
-    is_nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return cupy.where(is_nan, ((u >> 16) | 0x0040).astype(cupy.uint16), rounded)
+# bf16 <-> fp32 on the device: one NaN-safe pair, in ttile/runtime.py (the typed GEMMs use it too)
+from powerfusion.ttile.runtime import bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
 
 
 def _to_f32(x, bf16_bits: bool):
