@@ -22,7 +22,7 @@ from powerfusion.backends.cpu.runtime import NativeGraph, build_module
 from powerfusion.backends.cpu.session import CPU_SESSION_TARGET
 from powerfusion.gir.fastexec import FastProgram
 from powerfusion.gir.interpreter import run_gir
-from powerfusion.gir.lower import lower_subgraph
+from powerfusion.templates.merge import lower_subgraph
 from powerfusion.rewrite import optimise
 from powerfusion.templates import candidates
 from powerfusion.templates.common import buffer_names
@@ -173,7 +173,7 @@ def test_conv_runner_matches_reference(x_shape, w_shape, strides, pads, dilation
     """Planned-buffer Conv (fp32, numpy BLAS, summation order of the GEMM) against the reference
     im2col of session.conv_nd: rtol 1e-5 / atol 1e-5; twice, so reused buffers are checked."""
     from powerfusion.backends.cpu.library import conv_runner
-    from powerfusion.frontend.basic import Conv
+    from powerfusion.basic import Conv
     from powerfusion.session import conv_nd
     rng = np.random.default_rng(3)
     nsp = len(x_shape) - 2
@@ -192,7 +192,7 @@ def test_conv_runner_matches_reference(x_shape, w_shape, strides, pads, dilation
     ((200, 64), (300, 64), False, True), ((4, 64, 8), (4, 64, 130), True, False)])
 def test_matmul_runner_matches_numpy(a_shape, b_shape, trans_a, trans_b):
     from powerfusion.backends.cpu.library import MatMulRunner
-    from powerfusion.frontend.basic import MatMul
+    from powerfusion.basic import MatMul
     rng = np.random.default_rng(6)
     a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
     want = np.matmul(np.swapaxes(a, -1, -2) if trans_a else a, np.swapaxes(b, -1, -2) if trans_b else b)

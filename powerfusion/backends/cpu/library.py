@@ -18,7 +18,7 @@ from functools import cache
 
 import numpy as np
 
-from powerfusion.frontend.basic import Conv, MatMul
+from powerfusion.basic import Conv, MatMul
 
 SPLIT_MIN_FLOPS = 4e6   # below this a GEMM runs on the calling thread alone (a hand-off costs ~50 us)
 
