@@ -4,11 +4,11 @@
     [y] = sess.run(None, {"x": x})
 
 The model is imported to basic ops and partitioned once, at construction. On the CPU
-target every memory-bound subgraph is also lowered to GIR and rewritten then (backends/cpu/session.py),
-and the partition runs step by step: library calls (MatMul, Conv) through numpy
+target every memory-bound subgraph is also lowered to GIR, rewritten and compiled to C then
+(backends/cpu/), and the partition runs step by step: library calls (MatMul, Conv) through numpy
 (TypedMatMul through ttile's MatMulNBits reference / an ONNX DequantizeLinear),
-memory-bound subgraphs through their rewritten GIR graph on the fast GIR executor
-(gir/fastexec.py) -- or, where a subgraph could not be lowered, through the basic-op
+memory-bound subgraphs through their generated C (target "cpu") or their rewritten GIR graph
+on the fast GIR executor (target "cpu-reference", gir/fastexec.py) -- or, where a subgraph could not be lowered, through the basic-op
 executor, with a `BasicFallbackWarning` and the reason in `session.fallbacks`.
 `session.subgraph_paths` says which path each subgraph takes. Other targets plug in an
 executor built by their backend.
@@ -125,7 +125,8 @@ class InferenceSession:
                 self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
         else:
             with _timed(say, "lower to GIR for cpu"):
-                self.cpu_plan = compile_cpu_plan(self.partition)
+                # "cpu" runs generated C; "cpu-reference" the numpy reference (the fast GIR executor)
+                self.cpu_plan = compile_cpu_plan(self.partition, native=self.target.lower() != "cpu-reference")
             self._executor = self._run_cpu
 
     def _build_from_artefact(self, folder, backend: str) -> None:
@@ -350,12 +351,21 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
     env.update(feeds)
     if profile is not None:
         profile.clear()
+    with plan.running() if plan is not None else contextlib.nullcontext():
+        _execute_steps(partition, env, profile, plan)
+    return env
+
+
+def _execute_steps(partition: Partition, env: dict, profile: list | None, plan: "CpuPlan | None") -> None:
+    graph = partition.graph
     for step in partition.steps:
         start = time.perf_counter()
         if isinstance(step, LibraryCall):
             node = step.node
             out = graph.tensors[node.outputs[0]]
-            env[out.name] = run_library_op(node.op, [env[i] for i in node.inputs], out.dtype)
+            inputs = [env[i] for i in node.inputs]
+            got = plan.run_library(node, inputs) if plan is not None else None
+            env[out.name] = got if got is not None else run_library_op(node.op, inputs, out.dtype)
         elif plan is not None:
             plan.run(step, env, graph)
         else:
@@ -363,7 +373,6 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
         if profile is not None:
             profile.append((step.name if isinstance(step, Subgraph) else step.node.name,
                             time.perf_counter() - start))
-    return env
 
 
 def execute_subgraph(subgraph: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:

@@ -21,12 +21,13 @@ def small_model_names() -> list[str]:
 
 
 @functools.cache
-def small_model_session(name: str):
-    """(InferenceSession on the cpu target, feeds drawn from the manifest's input specs)."""
+def small_model_session(name: str, target: str = "cpu"):
+    """(InferenceSession on `target` (cpu: generated C; cpu-reference: the fast GIR executor),
+    feeds drawn from the manifest's input specs)."""
     import onnx
     sys.path.insert(0, str(ROOT))
     from models.onnx_tools import TensorSpec, sample_inputs
     from powerfusion.session import InferenceSession
     entry = small_models()[name]
     feeds = sample_inputs([TensorSpec.from_json(d) for d in entry["inputs"]], seed=5)
-    return InferenceSession(onnx.load(SMALL / entry["file"])), feeds
+    return InferenceSession(onnx.load(SMALL / entry["file"]), target=target), feeds

@@ -121,13 +121,22 @@ def test_partition_and_profile(sess):
 
 # ---- how the CPU session runs memory-bound subgraphs -------------------------------
 
-def test_cpu_session_runs_every_subgraph_as_rewritten_gir(sess):
+def test_cpu_session_runs_every_subgraph_as_generated_c(sess):
     assert sess.partition.subgraphs
-    assert sess.subgraph_paths == {sg.name: "gir" for sg in sess.partition.subgraphs}
+    assert sess.subgraph_paths == {sg.name: "c" for sg in sess.partition.subgraphs}
     assert sess.fallbacks == {}
     for k in sess.cpu_plan.kernels.values():
-        assert k.program is not None and k.program.graph is k.gir
+        assert k.native is not None and k.native.graph is k.gir and k.program is None
         assert all(t in k.subgraph.outputs for _, t in k.outputs)
+
+
+def test_reference_target_runs_every_subgraph_as_rewritten_gir():
+    ref = InferenceSession(mlp_model(), target="cpu-reference")
+    assert ref.subgraph_paths == {sg.name: "gir" for sg in ref.partition.subgraphs}
+    for k in ref.cpu_plan.kernels.values():
+        assert k.program is not None and k.program.graph is k.gir and k.native is None
+    for g, w in zip(ref.run(None, feeds()), ReferenceEvaluator(mlp_model()).run(None, feeds())):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
 
 
 def test_the_basic_op_executor_does_not_run(sess):
@@ -142,7 +151,7 @@ def test_second_session_reuses_the_plans_without_lowering(sess):
     """Identical subgraphs are lowered once per process (plan decisions memoised by structure)."""
     with mock.patch("powerfusion.templates.merge.lower_subgraph", side_effect=AssertionError("lowered again")):
         again = InferenceSession(mlp_model())
-    assert set(again.subgraph_paths.values()) == {"gir"}
+    assert set(again.subgraph_paths.values()) == {"c"}
     for name, k in again.cpu_plan.kernels.items():
         assert k.gir.ops == sess.cpu_plan.kernels[name].gir.ops
 
@@ -179,12 +188,12 @@ def test_fallback_to_the_basic_op_executor_is_named_and_warned():
 @pytest.mark.parametrize("name", small_model_names())
 def test_committed_model_matches_onnxruntime(name):
     """float32 through the CPU session: max |diff| / max |onnxruntime| < 1e-4 (our reductions and
-    numpy's matmul sum in a different order than onnxruntime), every subgraph as GIR."""
+    numpy's matmul sum in a different order than onnxruntime), every subgraph as generated C."""
     import sys
     sys.path.insert(0, str(ROOT))
     from models.onnx_tools import run_onnxruntime
     sess, f = small_model_session(name)
-    assert set(sess.subgraph_paths.values()) == {"gir"}, sess.fallbacks
+    assert set(sess.subgraph_paths.values()) == {"c"}, sess.fallbacks
     want = run_onnxruntime(onnx.load(SMALL / small_models()[name]["file"]), f)
     got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, f)))
     for out, ref in want.items():

@@ -39,8 +39,9 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("cpu", runtime="powerfusion.backends.cpu.session:compile_cpu_plan",
-            toolchain="none (GIR runs on the fast numpy executor)"),
+    Backend("cpu", ".c", "powerfusion.backends.cpu.renderer:CPURenderer",
+            "the system C compiler (cc -O3 -march=native -fopenmp); target cpu-reference: none",
+            runtime="powerfusion.backends.cpu.session:compile_cpu_plan"),
     Backend("cuda", ".cu", "powerfusion.backends.cuda.renderer:CUDARenderer", "NVRTC / nvcc",
             runtime="powerfusion.backends.cuda.session:make_executor",
             requires="an NVIDIA GPU and CuPy (pip install 'powerfusion[cuda]')",

@@ -1,4 +1,4 @@
-"""`powerfusion compile MODEL --target cuda|hip|mlu -o DIR`: kernel sources + plan.json."""
+"""`powerfusion compile MODEL --target cuda|hip|mlu|cpu -o DIR`: kernel sources + plan.json."""
 from __future__ import annotations
 
 from powerfusion.cli.common import add_model_arguments, check_model_path, parse_shapes, progress
@@ -9,7 +9,7 @@ HELP = "compile a model to kernel sources and a plan.json (library calls, kernel
 
 def add_arguments(p) -> None:
     add_model_arguments(p, target=False)
-    p.add_argument("--target", default="cuda", help="cuda (default), hip, mlu, or a device name (h100, mi250, mlu370)")
+    p.add_argument("--target", default="cuda", help="cuda (default), hip, mlu, cpu (C with OpenMP), or a device name (h100, mi250, mlu370)")
     p.add_argument("-o", "--output", required=True, help="folder for the sources and plan.json")
     p.add_argument("--timings", action="store_true", help="print the seconds spent in each pipeline step")
     p.add_argument("--tune", action="store_true", help="time the perf model's best plans on the GPU and keep the fastest")

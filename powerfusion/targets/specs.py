@@ -116,7 +116,7 @@ TARGETS: dict[str, TargetSpec] = {
         {"float32": 1e12, "float16": 0.5e12, "bfloat16": 0.5e12, "int8": 2e12}, 1e12, 1e-6,
         {"lane": 0.0, "warp": 0.0, "block": 0.0, "device": 1e-6}),
 }
-ALIASES = {"cuda": "h200", "hip": "mi250", "mlu": "mlu370"}
+ALIASES = {"cuda": "h200", "hip": "mi250", "mlu": "mlu370", "cpu-reference": "cpu"}
 
 
 def get_target(name: str) -> TargetSpec:

@@ -246,7 +246,7 @@ def test_large_accesses_are_analysed_in_chunks_and_stay_views():
 
 @pytest.mark.parametrize("name", small_model_names())
 def test_committed_model_subgraphs(name):
-    sess, feeds = small_model_session(name)
+    sess, feeds = small_model_session(name, "cpu-reference")
     env = sess.run_all_tensors(feeds)
     kernels = sess.cpu_plan.kernels
     assert kernels and all(k.path == "gir" for k in kernels.values()), sess.fallbacks

@@ -1,4 +1,5 @@
-"""The CPU target's memory-bound subgraphs: rewritten GIR run by the fast GIR executor.
+"""The CPU target's memory-bound subgraphs: rewritten GIR, run as generated C (target `cpu`)
+or on the fast GIR executor (target `cpu-reference`, the numpy reference).
 
 At session creation every memory-bound subgraph gets the plan that the compiler's search
 (pipeline.search) always rewrites first: the lowering's default template choice, matched for
@@ -14,14 +15,23 @@ its decisions are cached apart from `powerfusion compile --target cpu`'s full se
 in memory by structural key (identical layers are lowered once per process) and on disk
 under the cache directory (later sessions skip lowering).
 
+On the `cpu` target every rewritten graph is rendered to one C module (backends/cpu/renderer.py),
+the modules are compiled in parallel (toolchain.py, cached on disk) and each subgraph runs as
+one call into its module (runtime.py). A missing compiler is an error that says how to get one
+or how to select `cpu-reference`.
+
 A subgraph that cannot be lowered runs on the basic-op executor: never silently -- a
 `BasicFallbackWarning` names it and the reason, and `CpuPlan.fallbacks` keeps the reason.
+A rewritten graph the C renderer cannot render runs on the fast GIR executor, with a
+`NativeFallbackWarning` and the reason kept the same way.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -29,12 +39,18 @@ from powerfusion.basic import BasicGraph, Partition, Subgraph
 from powerfusion.gir.fastexec import FastProgram
 from powerfusion.gir.ir import GIRGraph
 from powerfusion.targets.specs import get_target
+from powerfusion.backends.cpu.runtime import NativeGraph
 
 CPU_SESSION_TARGET = replace(get_target("cpu"), name="generic-CPU-session")
+REFERENCE_TARGET = "cpu-reference"   # the numpy reference: fast GIR executor, no C compiler
 
 
 class BasicFallbackWarning(UserWarning):
     """A memory-bound subgraph runs on the basic-op executor, not as GIR (the message says why)."""
+
+
+class NativeFallbackWarning(UserWarning):
+    """A memory-bound subgraph runs on the fast GIR executor, not as generated C (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -47,16 +63,46 @@ class CpuKernel:
     outputs: tuple[tuple[str, str], ...]  # (GIR buffer, model tensor) stored back
     fallback: str = ""                    # why the basic-op executor runs it ("" = GIR)
     note: str = ""                        # the plan choice's note (e.g. rewrites rejected, runs as lowered)
+    native: NativeGraph | None = None     # the generated C module (target cpu)
 
     @property
     def path(self) -> str:
-        return "basic" if self.gir is None else "gir"
+        """"c" (generated C), "gir" (fast GIR executor) or "basic" (basic-op executor)."""
+        return "basic" if self.gir is None else "c" if self.native is not None else "gir"
 
 
 @dataclass
 class CpuPlan:
     kernels: dict[str, CpuKernel]   # by subgraph name
     seconds: float = 0.0            # spent compiling at session creation
+    keep: frozenset = frozenset()   # model outputs: a fresh array each run (others reuse theirs)
+    library: dict = field(default_factory=dict)   # library node name -> runner with planned buffers (library.py)
+    _shapes: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _outputs(self, k: CpuKernel, graph: BasicGraph) -> tuple[dict, frozenset]:
+        """The kernel's output shapes by buffer, and the buffers that leave the session (made once)."""
+        got = self._shapes.get(k.subgraph.name)
+        if got is None:
+            got = self._shapes[k.subgraph.name] = ({b: tuple(graph.tensors[t].shape) for b, t in k.outputs},
+                                                   frozenset(b for b, t in k.outputs if t in self.keep))
+        return got
+
+    def run_library(self, node, inputs: list[np.ndarray]) -> np.ndarray | None:
+        """The step's output through its planned runner; None where it has none."""
+        runner = self.library.get(node.name)
+        if runner is None:
+            return None
+        out = runner(*inputs)
+        return out.copy() if node.outputs[0] in self.keep else out
+
+    @contextlib.contextmanager
+    def running(self):
+        """The context a run executes in: one run at a time (runs reuse the planned buffers), and
+        the BLAS on one thread when this plan splits GEMMs itself."""
+        from powerfusion.backends.cpu.library import blas_on_one_thread
+        with self._lock, (blas_on_one_thread() if self.library else contextlib.nullcontext()):
+            yield
 
     @property
     def paths(self) -> dict[str, str]:
@@ -68,31 +114,66 @@ class CpuPlan:
 
     def run(self, sub: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
         k = self.kernels[sub.name]
-        if k.program is None:
+        if k.gir is None:
             from powerfusion.session import execute_subgraph
             execute_subgraph(sub, env, graph)
             return
         feeds = {b: env[t] for b, t in k.inputs}
-        shapes = {b: tuple(graph.tensors[t].shape) for b, t in k.outputs}
-        out = k.program.run(feeds, shapes)
+        shapes, fresh = self._outputs(k, graph)
+        out = k.native.run(feeds, shapes, fresh) if k.native is not None else k.program.run(feeds, shapes)
         for b, t in k.outputs:
             env[t] = out[b]
 
 
-def compile_cpu_plan(partition: Partition) -> CpuPlan:
+def compile_cpu_plan(partition: Partition, native: bool = True) -> CpuPlan:
+    """Every subgraph's plan; with `native`, also its generated C, compiled and loaded."""
     t0 = time.perf_counter()
     from powerfusion.progress import progress_bar
     subgraphs = progress_bar(partition.subgraphs, desc="lowering to GIR", unit="subgraph")
-    kernels = {s.name: compile_subgraph(s, partition.graph) for s in subgraphs}
+    kernels = {s.name: compile_subgraph(s, partition.graph, fast=not native) for s in subgraphs}
     for k in kernels.values():
         if k.fallback:
             warnings.warn(f"subgraph {k.subgraph.name} ({len(k.subgraph.nodes)} basic ops) runs on the basic-op "
                           f"executor, not as GIR: {k.fallback}", BasicFallbackWarning, stacklevel=3)
-    return CpuPlan(kernels, time.perf_counter() - t0)
+    if native:
+        kernels = compile_native(kernels)
+    keep = frozenset(t.name for t in partition.graph.outputs)
+    library = {}
+    if native:
+        from powerfusion.backends.cpu.library import library_runner
+        from powerfusion.basic import LibraryCall
+        for step in partition.steps:
+            if isinstance(step, LibraryCall) and (runner := library_runner(step.node, partition.graph)):
+                library[step.node.name] = runner
+    return CpuPlan(kernels, time.perf_counter() - t0, keep, library)
 
 
-def compile_subgraph(sub: Subgraph, graph: BasicGraph) -> CpuKernel:
-    """Plan, rewrite and prepare one subgraph; any failure becomes a named fallback."""
+def compile_native(kernels: dict[str, CpuKernel]) -> dict[str, CpuKernel]:
+    """Render every GIR kernel to C, compile the modules in parallel and load them. A graph the
+    renderer refuses keeps the fast GIR executor, with a warning; a compiler error is raised."""
+    from powerfusion.backends.cpu.renderer import RenderError
+    from powerfusion.backends.cpu.runtime import NativeGraph, build_module
+    from powerfusion.backends.cpu.toolchain import shared_objects
+    modules, out = {}, dict(kernels)
+    for name, k in kernels.items():
+        if k.gir is None:
+            continue
+        try:
+            modules[name] = build_module(k.gir)
+        except (RenderError, KeyError) as e:   # KeyError: a dtype the C dialect has no type for
+            reason = f"C renderer: {type(e).__name__}: {e}"[:500]
+            warnings.warn(f"subgraph {name} runs on the fast GIR executor, not as generated C: {reason}",
+                          NativeFallbackWarning, stacklevel=4)
+            out[name] = replace(k, fallback=reason, program=FastProgram(k.gir))
+    libraries = shared_objects([m.source for m in modules.values()])
+    for (name, module), lib in zip(modules.items(), libraries):
+        out[name] = replace(kernels[name], native=NativeGraph(module, lib))
+    return out
+
+
+def compile_subgraph(sub: Subgraph, graph: BasicGraph, fast: bool = True) -> CpuKernel:
+    """Plan, rewrite and prepare one subgraph (`fast`: for the fast GIR executor); any failure
+    becomes a named fallback."""
     from powerfusion.templates.merge import MergePlan
     try:
         names = MergePlan(sub, graph, CPU_SESSION_TARGET).names
@@ -103,7 +184,7 @@ def compile_subgraph(sub: Subgraph, graph: BasicGraph) -> CpuKernel:
         if {b for b, _ in inputs} != set(gir.inputs) or [b for b, _ in outputs] != list(gir.outputs):
             raise RuntimeError(f"GIR interface {gir.inputs} -> {gir.outputs} does not match the subgraph's "
                                f"tensors {sub.inputs} -> {sub.outputs}")
-        program = FastProgram(gir)
+        program = FastProgram(gir) if fast else None
     except Exception as e:  # a lowering, rewrite or preparation failure: named fallback, never silent
         return CpuKernel(sub, None, None, (), (), fallback=f"{type(e).__name__}: {e}"[:500])
     return CpuKernel(sub, gir, program, inputs, outputs, note=choice.note)

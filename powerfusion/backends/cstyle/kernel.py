@@ -350,7 +350,7 @@ class KernelLowering:
         for buf, off in self.smem_offsets.items():
             b = self.graph.buffer(buf)
             decls.append(f"{self.r.ctype[b.dtype]}* {self.ident('s', buf)} = "
-                         f"reinterpret_cast<{self.r.ctype[b.dtype]}*>(pf_smem + {off});")
+                         f"{self.r.ptr_cast(self.r.ctype[b.dtype], f'pf_smem + {off}')};")
         used, written = [], set()
         for op in self.ops:
             for s in op.inputs + op.outputs:

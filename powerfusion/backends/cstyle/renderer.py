@@ -43,6 +43,10 @@ class CRenderer:
     from_float = {"float16": "__float2half_rn({})", "bfloat16": "__float2bfloat16_rn({})"}
     vector_type = {4: "unsigned int", 8: "uint2", 16: "uint4"}
 
+    def ptr_cast(self, ctype: str, value: str) -> str:
+        """`value` (a pointer) as a `ctype` pointer (C dialects spell it `((T*)(v))`)."""
+        return f"reinterpret_cast<{ctype}*>({value})"
+
     def shfl_xor(self, value: str, mask: int) -> str:
         return f"__shfl_xor_sync(0xffffffffu, {value}, {mask})"
 
