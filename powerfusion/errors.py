@@ -35,3 +35,8 @@ class FeedError(PowerFusionError):
 
 class CompileError(PowerFusionError):
     """A backend compiler rejected emitted source (a bug in PowerFusion, reported with the source path)."""
+
+
+class DataError(PowerFusionError):
+    """A run's data is outside what an op accepts (an index out of range, an integer division
+    by zero), where onnxruntime refuses too: never a silently wrong value."""

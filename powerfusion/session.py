@@ -100,8 +100,9 @@ class InferenceSession:
         unknown = [n for n in names if n not in known]
         if unknown:
             raise PowerFusionError(f"unknown output name(s) {unknown}; the model's outputs are {sorted(known)}")
-        env = self._executor(self.validate_feeds(input_feed))
-        return [env[n] for n in names]
+        feeds = self.validate_feeds(input_feed)
+        env = self._executor(feeds)
+        return [_own_array(env[n], self.graph.constants, feeds) for n in names]
 
     # ---- beyond onnxruntime -----------------------------------------------------
 
@@ -123,6 +124,9 @@ class InferenceSession:
 
     def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""
+        if not isinstance(input_feed, Mapping):
+            raise FeedError(f"input_feed must be a dict of input name -> array, given {type(input_feed).__name__}; "
+                            f"expected inputs: " + ", ".join(_describe(t) for t in self.graph.inputs))
         expected = {t.name: t for t in self.graph.inputs}
         unknown = sorted(set(input_feed) - set(expected))
         missing = [n for n in expected if n not in input_feed]
@@ -139,6 +143,15 @@ class InferenceSession:
                                 f"{given.dtype.name}")
             feeds[name] = given
         return feeds
+
+
+def _own_array(value, constants: dict, feeds: dict) -> np.ndarray:
+    """An output the caller may change freely: a copy where it shares memory with one of the
+    session's constants (changing it would corrupt later runs) or with a feed."""
+    value = np.asarray(value)
+    if any(np.may_share_memory(value, np.asarray(c)) for c in (*constants.values(), *feeds.values())):
+        return value.copy()
+    return value
 
 
 def get_target_backend(target: str) -> str:
@@ -177,8 +190,10 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
     env.update(feeds)
     if profile is not None:
         profile.clear()
+    from powerfusion.frontend.index_check import check_gathers, gather_nodes
     for step in partition.steps:
         start = time.perf_counter()
+        check_gathers(gather_nodes(step.nodes if isinstance(step, Subgraph) else [step.node]), env, graph.tensors)
         if isinstance(step, LibraryCall):
             node = step.node
             out = graph.tensors[node.outputs[0]]

@@ -29,6 +29,7 @@ def main(args) -> int:
         raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "
                                f"{', '.join(source_backends())}")
     model, shapes = check_model_path(args.model), parse_shapes(args.shapes)
+    check_output_folder(args.output)
     use_cache = not (args.no_cache or args.tune)
     if use_cache:
         key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)
@@ -68,6 +69,23 @@ def main(args) -> int:
             print(f"  {'cache':<10} {t4 - t3:8.3f} s   (storing the result for the next compile)")
         print(f"  {'total':<10} {t4 - t0:8.3f} s (including writing)")
     return 0
+
+
+def check_output_folder(path: str) -> None:
+    """The output must be a folder we can create or reuse: not empty text, a file, a device or a
+    dangling link."""
+    import os
+    if not path or not path.strip():
+        raise PowerFusionError("-o/--output is empty; name a folder for the sources and plan.json")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise PowerFusionError(f"output '{path}' is a link to '{os.readlink(path)}', which does not exist")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PowerFusionError(f"output '{path}' exists and is not a folder; name a folder for the sources "
+                               "and plan.json")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        if os.path.exists(parent):
+            raise PowerFusionError(f"output '{path}': '{parent}' is not a folder")
 
 
 def _print_summary(args, summary: dict) -> None:
