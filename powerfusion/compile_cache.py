@@ -198,7 +198,7 @@ def store(key: str, out_dir: str | os.PathLike, files: list[str], summary: dict,
     try:
         metas = _store(key, Path(out_dir), files, summary, external_data, cache_dir)
     except OSError as e:
-        from powerfusion.runtime.cache_warning import cache_unusable
+        from powerfusion.errors import cache_unusable
         cache_unusable("compile", root(cache_dir), e)
         return
     write_stamp(Path(out_dir), key, metas)

@@ -117,7 +117,7 @@ def store(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, choice) -> 
         finally:
             tmp.unlink(missing_ok=True)
     except OSError as e:
-        from powerfusion.runtime.cache_warning import cache_unusable
+        from powerfusion.errors import cache_unusable
         cache_unusable("plan", path.parent, e)
 
 
@@ -274,41 +274,15 @@ def _no_constants(g: GIRGraph) -> GIRGraph:
     return replace(g, constants=())
 
 
-# ---- housekeeping (powerfusion cache status | clear) ------------------------------------
-
-def plans_dir(cache_dir=None) -> Path:
-    if cache_dir is None:
-        from powerfusion import options
-        cache_dir = options.current().cache_dir
-    return Path(cache_dir).expanduser() / "plans"
-
+# ---- housekeeping (powerfusion cache status | clear: runtime.plan_files) ---------------
 
 def status(cache_dir=None) -> dict:
-    d = plans_dir(cache_dir)
-    found = list(d.glob("*.json")) if d.is_dir() else []
-    return {"path": str(d), "entries": len(found), "bytes": sum(_size(p) for p in found)}
+    from powerfusion.runtime import plan_files
+    return plan_files.status(cache_dir)
 
 
 def clear(cache_dir=None) -> tuple[int, list[str]]:
-    """Delete every plan entry (and leftovers of older formats); (removed, paths that could not be)."""
-    d = plans_dir(cache_dir)
-    removed, failed = 0, []
-    if d.is_dir():
-        for p in d.iterdir():
-            if p.is_file() and (p.suffix in (".json", ".pkl") or ".tmp" in p.name):
-                try:
-                    p.unlink()
-                    removed += p.suffix == ".json"
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    failed.append(f"{p}: {e.strerror or e}")
+    """Delete every plan entry on disk and forget the decisions held in memory."""
+    from powerfusion.runtime import plan_files
     _MEMO.clear()
-    return removed, failed
-
-
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
+    return plan_files.clear(cache_dir)

@@ -91,7 +91,7 @@ class KernelCache:
             try:
                 self._write(path, meta, payload)
             except OSError as e:   # a file in the way, read-only, full disk: run uncached
-                from powerfusion.runtime.cache_warning import cache_unusable
+                from powerfusion.errors import cache_unusable
                 cache_unusable("kernel", self.root, e)
             return payload
 

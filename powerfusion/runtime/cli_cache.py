@@ -1,5 +1,5 @@
 """`powerfusion cache status|clear`: inspect or empty every cache under the cache folder:
-compiled kernels (runtime.cache), plan decisions (pipeline.plancache) and whole compile
+compiled kernels (runtime.cache), plan decisions (pipeline.plancache, folder handled by runtime.plan_files) and whole compile
 results (powerfusion.compile_cache). `clear` counts only what it removed and names what it
 could not remove (exit status 1 then).
 
@@ -29,7 +29,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _status(args) -> int:
     from powerfusion import compile_cache
-    from powerfusion.pipeline import plancache
+    from powerfusion.runtime import plan_files
     info = KernelCache(args.dir).status()
     print(f"path:    {info['path']}")
     print(f"entries: {info['entries']}")
@@ -37,7 +37,7 @@ def _status(args) -> int:
     base = _results_dir(args)
     if base is False:
         return 0
-    plans = plancache.status(base)
+    plans = plan_files.status(base)
     print(f"plan decisions: {plans['entries']} in {plans['path']}, {_human(plans['bytes'])}")
     results = compile_cache.status(base)
     print(f"compile results: {results['entries']} in {results['path']}, {_human(results['bytes'])}")
@@ -47,14 +47,14 @@ def _status(args) -> int:
 def _clear(args) -> int:
     import sys
     from powerfusion import compile_cache
-    from powerfusion.pipeline import plancache
+    from powerfusion.runtime import plan_files
     cache = KernelCache(args.dir)
     removed, failed = cache.clear()
     print(f"removed {removed} cached kernel(s) from {cache.root}")
     base = _results_dir(args)
     if base is not False:
-        n, bad = plancache.clear(base)
-        print(f"removed {n} cached plan decision(s) from {plancache.plans_dir(base)}")
+        n, bad = plan_files.clear(base)
+        print(f"removed {n} cached plan decision(s) from {plan_files.plans_dir(base)}")
         failed += bad
         n, bad = compile_cache.clear(base)
         print(f"removed {n} cached compile result(s) from {compile_cache.root(base)}")

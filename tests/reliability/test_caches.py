@@ -16,9 +16,9 @@ import powerfusion
 import powerfusion.cli as cli
 from powerfusion import compile_cache
 from powerfusion.pipeline import plancache
-from powerfusion.runtime import cache_warning
+from powerfusion import errors as cache_warning
 from powerfusion.runtime.cache import KernelCache
-from powerfusion.runtime.cache_warning import CacheWarning
+from powerfusion.errors import CacheWarning
 
 
 def _unary_model(op: str) -> onnx.ModelProto:
@@ -39,10 +39,10 @@ def models(tmp_path):
 @pytest.fixture(autouse=True)
 def fresh():
     plancache.clear_memo()
-    cache_warning.reset()
+    cache_warning.reset_cache_warnings()
     yield
     plancache.clear_memo()
-    cache_warning.reset()
+    cache_warning.reset_cache_warnings()
 
 
 def _compile(capsys, cache, model, out, *extra):
