@@ -6,14 +6,19 @@ budget), the PowerFusion source (every file of the package) and the versions of 
 numpy and onnx. An entry is a folder under `cache_dir / "compiled"` holding what
 `write_plan` wrote (plan.json, kernel sources, constant .npy files) plus `entry.json`,
 which lists each file with its size and SHA-256, the external-data files the model read
-(with theirs; a hit re-hashes them) and the one-line summary the CLI prints.
+(with theirs; a hit re-hashes them), the one-line summary the CLI prints, the key it was
+stored under and a SHA-256 of all of that: an entry renamed or copied under another key,
+or edited, is deleted instead of being served.
 
 On a hit the output folder is checked against `.powerfusion-compile.json`, a stamp the
 compile leaves there (key, and each file's size and modification time): when it matches,
 nothing is written; otherwise the entry's files are checked against their SHA-256 (a
-corrupted entry is deleted and the model compiled again) and hard-linked (copied across file
-systems) into the output folder. Entries hold hard links to the files they were made from,
-so an entry costs no space while its output folder exists.
+corrupted entry is deleted and the model compiled again) and copied into the output folder.
+Entries and output folders never share files (no hard links): editing a kernel in one output
+folder changes nothing else.
+
+A cache folder that cannot be used (a file, read-only, a full disk) costs the speed-up only:
+the compile goes on and one `CacheWarning` says why.
 
 Entries are built in a temporary folder and renamed into place, so a reader sees a whole
 entry or none, and two processes storing the same key leave one. The oldest entries are
@@ -37,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2    # 2: entry.json carries its key and a SHA-256 of its content; files are copies
 ENTRY = "entry.json"
 STAMP = ".powerfusion-compile.json"
 MAX_BYTES = 8 << 30          # keep at most this many bytes of entries (oldest deleted first)
@@ -102,7 +107,7 @@ def lookup(key: str, out_dir: str | os.PathLike, cache_dir=None) -> Hit | None:
     info = _read_json(entry / ENTRY)
     if info is None:
         return None
-    if not _well_formed(info):
+    if not _well_formed(info) or info.get("key") != key or info.get("sha256") != _entry_digest(info):
         _remove(entry)
         return None
     t0 = time.perf_counter()
@@ -125,6 +130,12 @@ def lookup(key: str, out_dir: str | os.PathLike, cache_dir=None) -> Hit | None:
     with contextlib.suppress(OSError):
         os.utime(entry / ENTRY)          # most recently used: evicted last
     return Hit(info["summary"], copied, {"check data": t1 - t0, "output": time.perf_counter() - t1})
+
+
+def _entry_digest(info: dict) -> str:
+    """SHA-256 over the canonical JSON of an entry without its own digest."""
+    body = {k: v for k, v in info.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _well_formed(info) -> bool:
@@ -168,41 +179,49 @@ def _copy_out(entry: Path, out: Path, files: dict) -> int:
         try:
             if file_digest(src) != meta["sha256"]:
                 raise _Corrupt(name)
-            _link_or_copy(src, tmp)
+            _copy(src, tmp)
         except FileNotFoundError:
             raise _Corrupt(name) from None
         os.replace(tmp, dst)
     return len(files)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link where the file system allows one, else a copy. Sharing is safe because
-    PowerFusion replaces output files (write_plan renames new files into place) instead of
-    writing into them, and every file is checked against its SHA-256 before it is handed out."""
+def _copy(src: Path, dst: Path) -> None:
+    """A copy, never a hard link: an output folder and the cache entry must not share a file."""
     dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    shutil.copyfile(src, dst)
 
 
 # ---- store --------------------------------------------------------------------------
 
 def store(key: str, out_dir: str | os.PathLike, files: list[str], summary: dict, external_data: list[str],
           cache_dir=None) -> None:
-    """Copy the just-written output files into a new entry and stamp the output folder."""
+    """Copy the just-written output files into a new entry and stamp the output folder; where the
+    cache folder cannot be written, warn once and leave the output folder as it is."""
+    try:
+        metas = _store(key, Path(out_dir), files, summary, external_data, cache_dir)
+    except OSError as e:
+        from powerfusion.errors import cache_unusable
+        cache_unusable("compile", root(cache_dir), e)
+        return
+    write_stamp(Path(out_dir), key, metas)
+    with contextlib.suppress(OSError):
+        evict(cache_dir)
+
+
+def _store(key: str, out: Path, files: list[str], summary: dict, external_data: list[str], cache_dir) -> dict:
     base = root(cache_dir)
     base.mkdir(parents=True, exist_ok=True)
-    out = Path(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=base))
     try:
         metas = {}
         for name in files:
-            _link_or_copy(out / name, tmp / name)
+            _copy(out / name, tmp / name)
             metas[name] = {"size": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
         deps = [{"path": os.path.abspath(p), "sha256": file_digest(p)} for p in external_data]
-        (tmp / ENTRY).write_text(json.dumps({"format": FORMAT, "files": metas, "summary": summary,
-                                             "external_data": deps}, indent=1))
+        info = {"format": FORMAT, "key": key, "files": metas, "summary": summary, "external_data": deps}
+        info["sha256"] = _entry_digest(info)
+        (tmp / ENTRY).write_text(json.dumps(info, indent=1))
         try:
             os.rename(tmp, base / key)
         except OSError:      # another process stored this key first: keep theirs
@@ -210,8 +229,7 @@ def store(key: str, out_dir: str | os.PathLike, files: list[str], summary: dict,
     except BaseException:
         _remove(tmp)
         raise
-    write_stamp(out, key, metas)
-    evict(cache_dir)
+    return metas
 
 
 def write_stamp(out: Path, key: str, files: dict) -> None:
@@ -256,15 +274,21 @@ def status(cache_dir=None) -> dict:
     return {"path": str(root(cache_dir)), "entries": len(found), "bytes": sum(_tree_bytes(p) for p in found)}
 
 
-def clear(cache_dir=None) -> int:
+def clear(cache_dir=None) -> tuple[int, list[str]]:
+    """Delete every entry: (entries removed, "path: reason" for those that could not be)."""
     base = root(cache_dir)
-    removed = 0
+    removed, failed = 0, []
     if base.is_dir():
         for p in base.iterdir():
-            if p.is_dir():
-                removed += (p / ENTRY).is_file()
-                _remove(p)
-    return removed
+            if not p.is_dir():
+                continue
+            was_entry = (p / ENTRY).is_file()
+            errors = _rmtree(p)
+            if p.exists():
+                failed.append(errors[0] if errors else f"{p}: not removed")
+            else:
+                removed += was_entry
+    return removed, failed
 
 
 def evict(cache_dir=None, max_bytes: int = MAX_BYTES) -> int:
@@ -299,6 +323,16 @@ def _read_json(p: Path):
         return json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _rmtree(p: Path) -> list[str]:
+    """Remove a folder tree as far as possible; "path: reason" for what could not be removed."""
+    errors: list[str] = []
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(p, onexc=lambda fn, path, exc: errors.append(f"{path}: {exc}"))
+    else:
+        shutil.rmtree(p, onerror=lambda fn, path, exc: errors.append(f"{path}: {exc[1]}"))
+    return errors
 
 
 def _remove(p: Path) -> None:

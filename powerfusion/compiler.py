@@ -108,6 +108,8 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
         if item.outputs and all(_empty(graph, t) for t in item.outputs):
             continue   # every output has no elements: nothing to compute (zero-size buffers stay unwritten)
         count += 1
+        item = _without_empty(item, graph)
+        _refuse_reading_nothing(item, graph)
         if progress:
             progress(f"subgraph {count}/{total}: {item.name} ({len(item.nodes)} ops)")
         with timer("search"):
@@ -117,6 +119,32 @@ def compile_partition(graph: BasicGraph, part: Partition, target: str, *, tune: 
                 step.kernels = renderer.render(step.gir)
         steps.append(step)
     return Plan(graph.name or "model", target, graph, part, steps, timer.seconds)
+
+
+def _without_empty(sub: Subgraph, graph: BasicGraph) -> Subgraph:
+    """The subgraph less the ops whose outputs have no elements (they compute nothing; their
+    zero-size tensors need no buffer)."""
+    from dataclasses import replace
+    nodes = tuple(n for n in sub.nodes if not all(_empty(graph, t) for t in n.outputs))
+    if len(nodes) == len(sub.nodes):
+        return sub
+    read = {t for n in nodes for t in n.inputs}
+    return replace(sub, nodes=nodes, inputs=tuple(t for t in sub.inputs if t in read),
+                   outputs=tuple(t for t in sub.outputs if not _empty(graph, t)))
+
+
+def _refuse_reading_nothing(sub: Subgraph, graph: BasicGraph) -> None:
+    """A kernel that makes data from a zero-size input (a reduction over nothing) is not
+    generated: say so plainly rather than report an infeasible plan."""
+    empty = list(dict.fromkeys(t for n in sub.nodes for t in n.inputs if _empty(graph, t)))
+    if empty:
+        from powerfusion.errors import UnsupportedOpError
+        made = [t for t in sub.outputs if not _empty(graph, t)]
+        nodes = [(n.origin.node, n.origin.op_type, n.origin.opset,
+                  f"reads the zero-size tensor(s) {empty} and writes non-empty {made}: kernels over zero-size "
+                  "tensors are not generated (the CPU session runs this model)")
+                 for n in sub.nodes if any(t in empty for t in n.inputs)]
+        raise UnsupportedOpError(nodes)
 
 
 def _empty(graph: BasicGraph, tensor: str) -> bool:

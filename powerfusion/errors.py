@@ -35,3 +35,32 @@ class FeedError(PowerFusionError):
 
 class CompileError(PowerFusionError):
     """A backend compiler rejected emitted source (a bug in PowerFusion, reported with the source path)."""
+
+
+class DataError(PowerFusionError):
+    """A run's data is outside what an op accepts (an index out of range, an integer division
+    by zero), where onnxruntime refuses too: never a silently wrong value."""
+
+
+class CacheWarning(UserWarning):
+    """A cache folder could not be read or written; the run goes on without it."""
+
+
+_CACHE_WARNED: set[str] = set()
+
+
+def cache_unusable(what: str, path, error: BaseException) -> None:
+    """Warn once per process that a cache (under `path`) is skipped, with the reason: a cache
+    folder that is a file, read-only or on a full disk costs speed only, never the run."""
+    import warnings
+    if _CACHE_WARNED:
+        return
+    _CACHE_WARNED.add(what)
+    reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    warnings.warn(f"the {what} cache at {path} cannot be used ({reason}); carrying on without caching",
+                  CacheWarning, stacklevel=3)
+
+
+def reset_cache_warnings() -> None:
+    """Forget earlier cache warnings (tests)."""
+    _CACHE_WARNED.clear()

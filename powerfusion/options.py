@@ -7,7 +7,7 @@ reads `powerfusion.options.current()`. Change settings for a block of code with
         ...
 
 Known environment variables: POWERFUSION_CACHE_DIR, POWERFUSION_VERBOSE,
-POWERFUSION_TARGET.
+POWERFUSION_TARGET, POWERFUSION_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix).
 """
 from __future__ import annotations
 
@@ -29,15 +29,43 @@ class Options:
     device_id: int = 0        # cuda target: which GPU
     search_budget_s: float | None = None  # seconds of plan search per subgraph (None: the search's default)
     intra_op_threads: int = 0  # cpu target: BLAS threads during a run (0: the library's default)
+    # most bytes a model may declare (its tensors together, the CPU session keeps them all):
+    # a larger one is refused at import, before anything is allocated; default 3/4 of RAM
+    memory_limit: int = 0
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise PowerFusionError(f"unknown option(s) {sorted(unknown)}; known: "
                                    f"{[f.name for f in dataclasses.fields(self)]}")
+        if "memory_limit" in changes:
+            changes["memory_limit"] = parse_bytes(changes["memory_limit"])
         if "cache_dir" in changes:
             changes["cache_dir"] = Path(changes["cache_dir"]).expanduser()
         return dataclasses.replace(self, **changes)
+
+
+def parse_bytes(value) -> int:
+    """A byte count from an int or text such as "512M", "16G", "2T"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    try:
+        n = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        n = 0
+    if not n > 0:
+        raise PowerFusionError(f"memory limit must be a positive byte count such as 8G, got {value!r}")
+    return int(n)
+
+
+def default_memory_limit() -> int:
+    """Three quarters of the machine's physical memory (16 GiB where that cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
 
 
 def _from_environment(env=os.environ) -> Options:
@@ -47,8 +75,10 @@ def _from_environment(env=os.environ) -> Options:
         level = int(verbose)
     except ValueError:
         raise PowerFusionError(f"POWERFUSION_VERBOSE must be an integer, got {verbose!r}") from None
+    limit = env.get("POWERFUSION_MEMORY_LIMIT")
     return Options(cache_dir=Path(cache).expanduser(), verbose=level,
-                   target=env.get("POWERFUSION_TARGET", "cpu"))
+                   target=env.get("POWERFUSION_TARGET", "cpu"),
+                   memory_limit=parse_bytes(limit) if limit else default_memory_limit())
 
 
 _STACK: list[Options] = [_from_environment()]

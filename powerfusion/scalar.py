@@ -88,9 +88,18 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
 
 
 def _int_div(a, b):
-    # ONNX integer Div truncates toward zero (like C), numpy floors.
-    q = np.trunc(np.true_divide(a, b))
-    return q.astype(np.result_type(a, b))
+    """ONNX integer Div: truncates toward zero (like C; numpy floors), exact for all of int64,
+    and refuses a zero divisor as onnxruntime does (C would trap; numpy gives 0 or INT64_MIN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    dtype = np.result_type(a, b)
+    if dtype.kind == "b":
+        dtype = np.dtype(np.uint8)
+    if np.any(b == 0):
+        from powerfusion.errors import DataError
+        raise DataError(f"integer division by zero ({dtype.name} Div)")
+    q = np.floor_divide(a.astype(dtype), b.astype(dtype))
+    r = np.subtract(a.astype(dtype), np.multiply(q, b.astype(dtype)))
+    return np.where((r != 0) & ((a < 0) != (b < 0)), q + 1, q).astype(dtype) if dtype.kind == "i" else q
 
 
 def scalar_fn(name: str) -> ScalarFn:

@@ -184,7 +184,7 @@ class InferenceSession:
         feeds = self.validate_feeds(input_feed)
         with self._lock:
             env = self._executor(feeds)
-        return [env[n] for n in names]
+        return [_own_array(env[n], self.graph.constants, feeds) for n in names]
 
     def io_binding(self):
         """onnxruntime's IOBinding: bind inputs and outputs to (device) buffers, then
@@ -240,6 +240,9 @@ class InferenceSession:
 
     def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""
+        if not isinstance(input_feed, Mapping):
+            raise FeedError(f"input_feed must be a dict of input name -> array, given {type(input_feed).__name__}; "
+                            f"expected inputs: " + ", ".join(_describe(t) for t in self.graph.inputs))
         expected = {t.name: t for t in self.graph.inputs}
         unknown = sorted(set(input_feed) - set(expected))
         missing = [n for n in expected if n not in input_feed]
@@ -267,6 +270,18 @@ def _feed_array(name: str, info: TensorInfo, value, on_device: bool):
         raise FeedError(f"input '{name}': expected shape {tuple(info.shape)} dtype {want.name}, "
                         f"given shape {tuple(given.shape)} dtype {given.dtype.name}")
     return given
+
+
+def _own_array(value, constants: dict, feeds: dict):
+    """An output the caller may change freely: a copy where it shares memory with one of the
+    session's constants (changing it would corrupt later runs) or with a host feed. Device
+    arrays (cuda target) are the session's fresh outputs and pass through."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if any(isinstance(c, np.ndarray) and np.may_share_memory(value, c)
+           for c in (*constants.values(), *feeds.values())):
+        return value.copy()
+    return value
 
 
 def get_target_backend(target: str) -> str:
@@ -358,8 +373,10 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
 
 def _execute_steps(partition: Partition, env: dict, profile: list | None, plan: "CpuPlan | None") -> None:
     graph = partition.graph
+    from powerfusion.frontend.index_check import check_gathers, gather_nodes
     for step in partition.steps:
         start = time.perf_counter()
+        check_gathers(gather_nodes(step.nodes if isinstance(step, Subgraph) else [step.node]), env, graph.tensors)
         if isinstance(step, LibraryCall):
             node = step.node
             out = graph.tensors[node.outputs[0]]

@@ -30,6 +30,7 @@ def main(args) -> int:
                                f"{', '.join(source_backends())}")
     args.model = model = check_model_path(args.model)
     shapes = parse_shapes(args.shapes)
+    check_output_folder(args.output)
     use_cache = not (args.no_cache or args.tune)
     if use_cache:
         key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)
@@ -77,6 +78,23 @@ def _write_manifest(args) -> None:
     """artefact.json: what `InferenceSession(DIR)` / `powerfusion run DIR` check before loading."""
     from powerfusion.artefact import write_manifest
     write_manifest(args.output, args.model, args.target)
+
+
+def check_output_folder(path: str) -> None:
+    """The output must be a folder we can create or reuse: not empty text, a file, a device or a
+    dangling link."""
+    import os
+    if not path or not path.strip():
+        raise PowerFusionError("-o/--output is empty; name a folder for the sources and plan.json")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise PowerFusionError(f"output '{path}' is a link to '{os.readlink(path)}', which does not exist")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PowerFusionError(f"output '{path}' exists and is not a folder; name a folder for the sources "
+                               "and plan.json")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        if os.path.exists(parent):
+            raise PowerFusionError(f"output '{path}': '{parent}' is not a folder")
 
 
 def _print_summary(args, summary: dict) -> None:

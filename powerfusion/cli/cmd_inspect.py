@@ -41,7 +41,12 @@ def build_report(model_path: str, shapes, target: str) -> dict:
 
     spec = get_target(target)
     model_path = check_model_path(model_path)
-    proto = onnx.load(model_path, load_external_data=False)
+    try:
+        proto = onnx.load(model_path, load_external_data=False)
+    except Exception as e:   # random bytes, a truncated file, text: DecodeError and friends
+        from powerfusion.errors import ModelError
+        raise ModelError(f"model file '{model_path}' could not be parsed as ONNX: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     ops = collections.Counter(f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
                               for n in proto.graph.node)
     report = {"model": model_path, "target": target, "device": spec.name,

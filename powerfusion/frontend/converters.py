@@ -118,7 +118,43 @@ def _runtime_input_reason(cx: NodeCtx) -> str | None:
 def _dynamic_output_reason(cx: NodeCtx) -> str | None:
     for name in cx.node.output:
         if name and cx.inferred(name) is None:
-            return f"output '{name}' has no static shape (it depends on run-time data)"
+            return _invalid_inputs_reason(cx) or f"output '{name}' has no static shape (it depends on run-time data)"
+    return None
+
+
+_PROBE_ELEMENTS = 1 << 16
+
+
+def _invalid_inputs_reason(cx: NodeCtx) -> str | None:
+    """Where every input is a constant or has a small static shape, run the node once on zeros
+    with the ONNX reference: its error names what is wrong (Reshape with two -1, Slice step 0,
+    a Split that does not add up), which "no static shape" would hide."""
+    import onnx
+    from powerfusion.frontend.fold import _evaluate
+    feeds, total = {}, 0
+    for i, name in enumerate(cx.node.input):
+        if not name:
+            continue
+        value = cx.const(i)
+        if value is None:
+            info = cx.inferred(name)
+            if info is None:
+                return None
+            total += int(np.prod(info.shape, dtype=np.int64))
+            if total > _PROBE_ELEMENTS or np.dtype(info.dtype).kind not in "fiub":
+                return None
+            value = np.zeros(info.shape, info.dtype)
+        feeds[name] = np.asarray(value)
+    if cx.op_type == "Split" and len(cx.node.input) > 1 and cx.node.input[1] in feeds:
+        data, sizes = feeds[cx.node.input[0]], feeds[cx.node.input[1]]
+        axis = int(cx.attr("axis", 0)) % max(data.ndim, 1)
+        if data.ndim and int(sizes.sum()) != data.shape[axis]:
+            return f"its split sizes {sizes.tolist()} add up to {int(sizes.sum())}, not to axis {axis}'s {data.shape[axis]}"
+    try:
+        _evaluate(cx.node, feeds, cx.opset)
+    except Exception as e:   # the reference's own error, whatever its type
+        text = str(e).strip().splitlines()
+        return f"its inputs are invalid for {cx.op_type}: {text[0] if text else type(e).__name__}"
     return None
 
 

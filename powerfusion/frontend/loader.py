@@ -43,6 +43,9 @@ def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None, *,
     _fix_input_shapes(proto, shapes or {}, where, weights)
     _fix_input_shapes(skeleton, shapes or {}, where, weights)
     _annotate(proto, _infer(skeleton, where))
+    from powerfusion.frontend.memory_check import check_initializer_data, check_memory
+    check_memory(proto, where)   # before folding or converting allocates anything
+    check_initializer_data(proto, where)
     return proto
 
 
@@ -183,6 +186,9 @@ def _read(model, sources: list[str] | None = None) -> tuple[onnx.ModelProto, str
             if not os.path.isfile(f):
                 raise ModelError(f"model file '{path}' keeps tensor data in '{f}', which does not exist")
         if files:
+            from powerfusion.frontend.memory_check import check_external_tensor
+            for t in _external_tensors(proto):
+                check_external_tensor(t, os.path.dirname(path) or ".", f"model file '{path}'")
             try:
                 onnx.load_external_data_for_model(proto, os.path.dirname(path) or ".")
             except Exception as e:
@@ -192,6 +198,11 @@ def _read(model, sources: list[str] | None = None) -> tuple[onnx.ModelProto, str
             sources.extend(files)
         return proto, f"model file '{path}'"
     raise ModelError(f"cannot load a model from a {type(model).__name__}; give a path, bytes or onnx.ModelProto")
+
+
+def _external_tensors(proto: onnx.ModelProto):
+    from onnx.external_data_helper import _get_all_tensors
+    return [t for t in _get_all_tensors(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def external_data_files(proto: onnx.ModelProto, base_dir: str) -> list[str]:
@@ -234,6 +245,10 @@ def _check_opset(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
         except Exception as e:
             raise ModelError(f"{where} uses opset {opset}; upgrading it to opset {MIN_OPSET} failed "
                              f"({_first_line(e)}). Supported opsets: {MIN_OPSET}..{MAX_OPSET}.") from None
+    known = onnx.defs.onnx_opset_version()
+    if opset > known:
+        raise ModelError(f"{where} uses opset {opset}, which does not exist (the newest ONNX opset this onnx "
+                         f"{onnx.__version__} knows is {known}); supported opsets are {MIN_OPSET}..{MAX_OPSET}")
     if opset > MAX_OPSET:
         changed = sorted({n.op_type for n in proto.graph.node
                           if n.domain in DEFAULT_DOMAINS and _changed_after_max(n.op_type, opset)})

@@ -120,14 +120,24 @@ def run_conv(op: B.Conv, args, dtype):
     return y.astype(dtype)
 
 
+def _in_range(idx, n: int):
+    from powerfusion.errors import DataError
+    from powerfusion.frontend.index_check import bad_index
+    bad = bad_index(idx, n)
+    if bad is not None:
+        raise DataError(f"gather index {bad} is out of range for an axis of size {n}")
+
+
 def run_gather_elements(op: B.GatherElements, args, dtype):
     data, idx = args
+    _in_range(idx, data.shape[op.axis])
     idx = np.where(idx < 0, idx + data.shape[op.axis], idx)
     return np.take_along_axis(data, idx, axis=op.axis)
 
 
 def run_gather(op: B.Gather, args, dtype):
     data, idx = args
+    _in_range(idx, data.shape[op.axis])
     idx = np.where(idx < 0, idx + data.shape[op.axis], idx)
     return np.take(data, idx, axis=op.axis)
 

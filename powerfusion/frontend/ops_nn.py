@@ -34,8 +34,8 @@ def _finish(cx: NodeCtx, name: str, dtype, out: str):
 
 def _div_by(cx: NodeCtx, name: str, n: int, out=None) -> str:
     dt = cx.info(name).dtype
-    if dt.kind == "f" or dt.name == "bfloat16":
-        return cx.ew("mul", name, cx.scalar(1.0 / n, dt), out=out)
+    if dt.kind == "f" or dt.name == "bfloat16":   # the mean of nothing is 0, as onnxruntime gives it
+        return cx.ew("mul", name, cx.scalar(1.0 / n if n else 0.0, dt), out=out)
     return cx.ew("div", name, cx.scalar(n, dt), out=out)
 
 
@@ -66,8 +66,11 @@ def convert_reduce(cx: NodeCtx):
         cx.reduce("sum", cx.ew("abs", x), axes, keep, out=out)
     elif kind == "l2":
         cx.ew("sqrt", cx.reduce("sum", cx.ew("mul", x, x), axes, keep), out=out)
-    else:  # logsumexp, stabilised by the max
-        m = cx.reduce("max", x, axes, True)
+    else:  # logsumexp, stabilised by the max where it is finite (a +inf or all -inf row gives +-inf, not NaN)
+        top = cx.reduce("max", x, axes, True)
+        dt = cx.info(top).dtype
+        finite = cx.ew("less", cx.ew("abs", top), cx.scalar(np.inf, dt))
+        m = cx.ew("where", finite, top, cx.scalar(0, dt))
         s = cx.reduce("sum", cx.ew("exp", cx.ew("sub", x, m)), axes, keep)
         m_out = m if keep else cx.reshape(m, cx.info(s).shape)
         cx.ew("add", cx.ew("log", s), m_out, out=out)

@@ -134,13 +134,22 @@ def _clamp_slice(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
 def convert_gather(cx: NodeCtx):
     data, ind = cx.shape(0), cx.shape(1)
     axis = cx.axis(cx.attr("axis", 0), len(data))
+    _check_constant_indices(cx, data[axis])
     shape = data[:axis] + ind + data[axis + 1:]
     cx.emit(Gather(axis), [cx.inp(0), cx.inp(1)], shape, cx.dtype(0), out=cx.out())
+
+
+def _check_constant_indices(cx: NodeCtx, n: int) -> None:
+    from powerfusion.frontend.index_check import bad_index
+    idx = cx.const(1)
+    if idx is not None and (bad := bad_index(idx, int(n))) is not None:
+        cx.fail(f"constant index {bad} is out of range for an axis of size {n} (allowed [-{n}, {n - 1}])")
 
 
 def convert_gather_elements(cx: NodeCtx):
     data = cx.shape(0)
     axis = cx.axis(cx.attr("axis", 0), len(data))
+    _check_constant_indices(cx, data[axis])
     cx.emit(GatherElements(axis), [cx.inp(0), cx.inp(1)], cx.shape(1), cx.dtype(0), out=cx.out())
 
 

@@ -25,10 +25,14 @@ from powerfusion.gir.ir import Level
 
 
 def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
-    from powerfusion.names import sanitize
+    """Write the plan into `out_dir`; files an earlier plan.json there named and this one does
+    not are removed, so the folder holds one model's files."""
+    from powerfusion.names import FileNames
     from powerfusion.runtime.buffers import TensorLife, plan_buffers
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _named_files(out / "plan.json")
+    files = FileNames()
     g = plan.graph
     kinds = {t.name: "input" for t in g.inputs} | {t.name: "output" for t in g.outputs}
     first, last = {t.name: -1 for t in g.inputs}, {}
@@ -41,7 +45,7 @@ def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
         for t in ins:
             if t not in g.constants:
                 last[t] = k
-        steps_json.append(_library_json(s) if isinstance(s, LibraryStep) else _kernels_json(s, out, extension))
+        steps_json.append(_library_json(s) if isinstance(s, LibraryStep) else _kernels_json(s, out, extension, files))
     for t in g.outputs:
         last[t.name] = len(plan.steps)
     lives = [TensorLife(t, max(g.tensors[t].nbytes, 1), first[t], last.get(t, first[t])) for t in first]
@@ -56,21 +60,41 @@ def write_plan(plan: Plan, out_dir: str | Path, extension: str) -> Path:
     for s in plan.library_steps:
         for t in s.call.node.inputs:
             if t in g.constants:
-                _save(out / f"const_{sanitize(t)}.npy", np.asarray(g.constants[t]))
-                tensors[t]["file"] = f"const_{sanitize(t)}.npy"
+                name = files.file(("constant", t), f"const_{t}", ".npy")
+                _save(out / name, np.asarray(g.constants[t]))
+                tensors[t]["file"] = name
     doc = {"version": 1, "model": plan.model, "target": plan.target, "tensors": tensors,
            "arena_bytes": bplan.arena_bytes, "steps": steps_json,
            "timings_s": {k: round(v, 4) for k, v in plan.timings.items()}}
     path = out / "plan.json"
     _replace(path, lambda f: f.write(json.dumps(doc, indent=1, default=_jsonable).encode()))
+    _remove_stale(out, earlier - set(_named_files(path)))
     return path
 
 
-def _kernels_json(s: KernelStep, out: Path, extension: str) -> dict:
-    from powerfusion.names import sanitize
+def _named_files(plan_json: Path) -> set[str]:
+    """The plain file names an existing plan.json lists (none when there is no readable one)."""
+    from powerfusion.compile_cache import output_files
+    try:
+        names = output_files(plan_json)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    return {n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")
+            and os.sep not in n and n != plan_json.name}
+
+
+def _remove_stale(out: Path, names: set[str]) -> None:
+    for n in names:
+        try:
+            (out / n).unlink()
+        except OSError:
+            pass   # already gone, or not ours to remove
+
+
+def _kernels_json(s: KernelStep, out: Path, extension: str, files) -> dict:
     kernels = []
     for ks in s.kernels:
-        f = f"{ks.name}{extension}"
+        f = files.file(("kernel", s.name, ks.name), ks.name, extension)
         _replace(out / f, lambda fo, text=ks.source: fo.write(text.encode()))
         kernels.append({"name": ks.name, "file": f, "grid": list(ks.grid), "block": list(ks.block),
                         "shared_bytes": ks.shared_bytes,
@@ -83,7 +107,7 @@ def _kernels_json(s: KernelStep, out: Path, extension: str) -> dict:
         if b.level == Level.GLOBAL and b.name not in interface:
             entry = {"buffer": b.name, "elements": b.size, "dtype": b.dtype, "constant_file": None}
             if b.name in consts:
-                entry["constant_file"] = f"{sanitize(s.gir.name)}_{sanitize(b.name)}.npy"
+                entry["constant_file"] = files.file(("scratch", s.name, b.name), f"{s.gir.name}_{b.name}", ".npy")
                 _save(out / entry["constant_file"], np.asarray(consts[b.name]))
             scratch.append(entry)
     return {"kind": "kernels", "subgraph": s.name, "kernels": kernels, "scratch": scratch}
@@ -105,7 +129,7 @@ def _save(path: Path, a: np.ndarray) -> None:
 
 def _replace(path: Path, write) -> None:
     """Write a new file and rename it over `path`: a reader (or a crash) never sees half a file,
-    and a file hard-linked elsewhere (the compile cache's entries) is never changed in place."""
+    and a file linked elsewhere is never changed in place."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

@@ -18,7 +18,7 @@ exactly what lowering and rewriting this subgraph with the same choice would.
 from __future__ import annotations
 
 import hashlib
-import pickle
+import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -30,8 +30,9 @@ from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var
 from powerfusion.gir.ir import GIRGraph, MemorySlice
 from powerfusion.targets.specs import TargetSpec
 
-FORMAT = 2
+FORMAT = 3      # 3: JSON entries carrying their key and a SHA-256 of their content
 _MEMO: dict[str, tuple] = {}   # key -> (PlanChoice as built for the first subgraph seen, its _Names)
+MAX_ENTRY_BYTES = 64 << 20   # a larger file is not one of ours
 _CODE_DIRS = ("gir", "templates", "rewrite", "perfmodel", "pipeline", "targets")
 
 
@@ -66,7 +67,7 @@ def structural_key(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> str:
             if v.dtype.kind in "iub":
                 h.update(np.ascontiguousarray(v).tobytes())
     h.update(f"in{[ids[x] for x in sub.inputs]}out{[ids[x] for x in sub.outputs]}".encode())
-    return h.hexdigest()[:32]
+    return h.hexdigest()
 
 
 def clear_memo() -> None:
@@ -75,7 +76,7 @@ def clear_memo() -> None:
 
 def _path(key: str) -> Path:
     from powerfusion import options
-    return Path(options.current().cache_dir) / "plans" / f"{key}.pkl"
+    return Path(options.current().cache_dir) / "plans" / f"{key}.json"
 
 
 @dataclass(frozen=True)
@@ -103,26 +104,59 @@ def store(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, choice) -> 
     _MEMO[key] = entry
     path = _path(key)
     try:
+        text = entry_text(key, replace(choice, graph=_no_constants(choice.graph),
+                                       merged=_no_constants(choice.merged), trace=()), entry[1])
+    except TypeError:
+        return   # something outside the plan vocabulary: keep it in memory only
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        slim = replace(choice, graph=_no_constants(choice.graph), merged=_no_constants(choice.merged), trace=())
         tmp = path.with_suffix(f".tmp{id(choice)}")
-        tmp.write_bytes(pickle.dumps((FORMAT, (slim, entry[1])), protocol=pickle.HIGHEST_PROTOCOL))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache directory costs a warm start, nothing else
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as e:
+        from powerfusion.errors import cache_unusable
+        cache_unusable("plan", path.parent, e)
+
+
+def entry_text(key: str, choice, names: _Names) -> str:
+    """One entry: its key, the plan as data (plan_codec), and a SHA-256 of that data."""
+    from powerfusion.pipeline.plan_codec import encode
+    payload = {"choice": encode(choice), "names": [list(names.tensors), list(names.stems),
+                                                    list(names.nodes), names.graph]}
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"format": FORMAT, "key": key, "sha256": hashlib.sha256(body.encode()).hexdigest(),
+                       "payload": payload}, sort_keys=True, separators=(",", ":"))
+
+
+def read_entry(text: str, key: str):
+    """(choice, names) from an entry stored under `key`, or None when it is malformed, of another
+    format, stored under another key, or its content does not match its hash."""
+    from powerfusion.pipeline.plan_codec import CodecError, decode
+    try:
+        doc = json.loads(text)
+        if doc.get("format") != FORMAT or doc.get("key") != key:
+            return None
+        body = json.dumps(doc["payload"], sort_keys=True, separators=(",", ":"))
+        if hashlib.sha256(body.encode()).hexdigest() != doc.get("sha256"):
+            return None
+        tensors, stems, nodes, gname = doc["payload"]["names"]
+        names = _Names(tuple(map(str, tensors)), tuple(map(str, stems)), tuple(map(str, nodes)), str(gname))
+        choice = decode(doc["payload"]["choice"])
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CodecError):
+        return None
+    from powerfusion.pipeline.search import PlanChoice
+    return (choice, names) if isinstance(choice, PlanChoice) and isinstance(choice.graph, GIRGraph) \
+        and isinstance(choice.merged, GIRGraph) else None
 
 
 def lookup(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, want_measured: bool = False):
     entry, source = _MEMO.get(key), "memo"
     if entry is None:
-        path = _path(key)
-        if not path.exists():
-            return None
-        try:
-            fmt, entry = pickle.loads(path.read_bytes())
-        except Exception:  # a truncated or foreign file is a miss, not an error
-            return None
-        if fmt != FORMAT:
+        entry = _read_disk(key)
+        if entry is None:
             return None
         _MEMO[key] = entry
         source = "disk"
@@ -133,6 +167,17 @@ def lookup(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, want_measu
     if rebound is None:
         return None
     return replace(rebound, source=source)
+
+
+def _read_disk(key: str):
+    path = _path(key)
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_ENTRY_BYTES:
+            return None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None   # unreadable: a miss
+    return read_entry(text, key)
 
 
 def rebind(choice, old: _Names, sub: Subgraph, graph: BasicGraph, t: TargetSpec):
@@ -227,3 +272,17 @@ def _rx(e: Expr, m: dict[str, str]) -> Expr:
 
 def _no_constants(g: GIRGraph) -> GIRGraph:
     return replace(g, constants=())
+
+
+# ---- housekeeping (powerfusion cache status | clear: runtime.plan_files) ---------------
+
+def status(cache_dir=None) -> dict:
+    from powerfusion.runtime import plan_files
+    return plan_files.status(cache_dir)
+
+
+def clear(cache_dir=None) -> tuple[int, list[str]]:
+    """Delete every plan entry on disk and forget the decisions held in memory."""
+    from powerfusion.runtime import plan_files
+    _MEMO.clear()
+    return plan_files.clear(cache_dir)

@@ -88,7 +88,11 @@ class KernelCache:
                 raise TypeError(f"cache build function returned {type(payload).__name__}, expected bytes")
             payload = bytes(payload)
             self.stats.misses += 1
-            self._write(path, meta, payload)
+            try:
+                self._write(path, meta, payload)
+            except OSError as e:   # a file in the way, read-only, full disk: run uncached
+                from powerfusion.errors import cache_unusable
+                cache_unusable("kernel", self.root, e)
             return payload
 
     def lookup(self, key_parts: dict) -> bytes | None:
@@ -101,22 +105,28 @@ class KernelCache:
         return {"path": str(self.root), "entries": len(entries),
                 "bytes": sum(_size(p) for p in entries)}
 
-    def clear(self) -> int:
-        """Delete every entry (and lock file); returns the number of entries removed."""
-        removed = 0
+    def clear(self) -> tuple[int, list[str]]:
+        """Delete every entry (and lock file): (entries removed, "path: reason" for each that
+        could not be, e.g. in a read-only cache)."""
+        removed, failed = 0, []
         if not self.root.is_dir():
-            return 0
+            return 0, []
         for sub in self.root.iterdir():
             if not sub.is_dir() or len(sub.name) != 2:
                 continue  # only our two-hex-digit shard folders
             for f in sub.iterdir():
                 if f.suffix in (_SUFFIX, ".lock") or f.name.startswith(".tmp-"):
-                    with contextlib.suppress(FileNotFoundError):
+                    try:
                         f.unlink()
                         removed += f.suffix == _SUFFIX
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:
+                        if f.suffix == _SUFFIX:
+                            failed.append(f"{f}: {e.strerror or e}")
             with contextlib.suppress(OSError):
                 sub.rmdir()
-        return removed
+        return removed, failed
 
     # ---- storage --------------------------------------------------------------------
     def _entry_path(self, meta: bytes) -> Path:
@@ -130,12 +140,12 @@ class KernelCache:
     def _read(self, path: Path, meta: bytes) -> bytes | None:
         try:
             blob = path.read_bytes()
-        except FileNotFoundError:
+        except OSError:   # absent, or no usable cache folder: a miss
             return None
         payload = _decode(blob, meta)
         if payload is None:
             self.stats.corrupt += 1
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
         return payload
 
@@ -158,8 +168,13 @@ class KernelCache:
         if fcntl is None:
             yield
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "a+b") as lock:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_suffix(".lock"), "a+b")
+        except OSError:   # no usable cache folder: build without the lock (the write will warn)
+            yield
+            return
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
                 yield

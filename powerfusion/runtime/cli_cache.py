@@ -1,5 +1,7 @@
-"""`powerfusion cache status|clear`: inspect or empty the compiled-kernel cache and the
-cached compile results (`powerfusion compile` outputs, see powerfusion.compile_cache).
+"""`powerfusion cache status|clear`: inspect or empty every cache under the cache folder:
+compiled kernels (runtime.cache), plan decisions (pipeline.plancache, folder handled by runtime.plan_files) and whole compile
+results (powerfusion.compile_cache). `clear` counts only what it removed and names what it
+could not remove (exit status 1 then).
 
 `powerfusion.cli` calls `register(subparsers)`; each sub-command sets `func(args) -> int`.
 """
@@ -27,6 +29,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def _status(args) -> int:
     from powerfusion import compile_cache
+    from powerfusion.runtime import plan_files
     info = KernelCache(args.dir).status()
     print(f"path:    {info['path']}")
     print(f"entries: {info['entries']}")
@@ -34,22 +37,33 @@ def _status(args) -> int:
     base = _results_dir(args)
     if base is False:
         return 0
+    plans = plan_files.status(base)
+    print(f"plan decisions: {plans['entries']} in {plans['path']}, {_human(plans['bytes'])}")
     results = compile_cache.status(base)
-    print(f"compile results: {results['entries']} in {results['path']}, {_human(results['bytes'])} "
-          f"(hard links to output folders take no extra space)")
+    print(f"compile results: {results['entries']} in {results['path']}, {_human(results['bytes'])}")
     return 0
 
 
 def _clear(args) -> int:
-    cache = KernelCache(args.dir)
+    import sys
     from powerfusion import compile_cache
-    removed = cache.clear()
+    from powerfusion.runtime import plan_files
+    cache = KernelCache(args.dir)
+    removed, failed = cache.clear()
     print(f"removed {removed} cached kernel(s) from {cache.root}")
     base = _results_dir(args)
-    if base is False:
-        return 0
-    results = compile_cache.clear(base)
-    print(f"removed {results} cached compile result(s) from {compile_cache.root(base)}")
+    if base is not False:
+        n, bad = plan_files.clear(base)
+        print(f"removed {n} cached plan decision(s) from {plan_files.plans_dir(base)}")
+        failed += bad
+        n, bad = compile_cache.clear(base)
+        print(f"removed {n} cached compile result(s) from {compile_cache.root(base)}")
+        failed += bad
+    if failed:
+        print(f"could not remove {len(failed)} entr{'y' if len(failed) == 1 else 'ies'}:", file=sys.stderr)
+        for line in failed[:10]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ two templates that touch a tensor identically produce structurally equal slices.
 """
 from __future__ import annotations
 
+from powerfusion import names as _names
 from powerfusion.names import sanitize  # noqa: F401  (one rule for every identifier)
 
 from dataclasses import dataclass, field
@@ -27,18 +28,9 @@ from powerfusion.targets.specs import TargetSpec, get_target
 UNITS_PER_GROUP = 4  # one group size for every template, so that merged templates share it
 
 
-def buffer_names(tensors: Sequence[str], taken: set[str] | None = None) -> dict[str, str]:
-    """Tensor name -> unique sanitised buffer name."""
-    taken = set(taken or ())
-    out = {}
-    for t in tensors:
-        base = s = sanitize(t)
-        k = 1
-        while s in taken:
-            s, k = f"{base}_{k}", k + 1
-        taken.add(s)
-        out[t] = s
-    return out
+def buffer_names(tensors: Sequence[str], taken: set[str] | None = None, reserved: str = "") -> dict[str, str]:
+    """Tensor name -> unique sanitised buffer name (one scheme: powerfusion.names)."""
+    return _names.buffer_names(tensors, reserved, taken or ())
 
 
 def dtype_name(dt) -> str:

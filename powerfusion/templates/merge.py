@@ -48,8 +48,7 @@ class MergePlan:
         self.sub, self.graph, self.target = sub, graph, resolve_target(target)
         tensors = list(dict.fromkeys(t for n in sub.nodes for t in n.inputs + n.outputs))
         stem = sanitize(sub.name) + "_"
-        names = buffer_names(tensors)
-        self.names = {t: ("t_" + b if b.startswith(stem) else b) for t, b in names.items()}
+        self.names = buffer_names(tensors, reserved=stem)
         outs = set(sub.outputs)
         self.alias: dict[str, str] = {}
         for n in sub.nodes:  # a reshape inside the subgraph is a new name for the same buffer

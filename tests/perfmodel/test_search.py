@@ -87,7 +87,7 @@ def test_repeated_layer_reuses_the_decision_under_its_own_names(two_layernorms, 
 def test_disk_cache_serves_a_fresh_process(two_layernorms, cache):
     graph, (a, _) = two_layernorms
     first = choose_plan(a, graph, H100, limit=8, beam=3)
-    assert list((cache / "plans").glob("*.pkl"))
+    assert list((cache / "plans").glob("*.json"))
     plancache.clear_memo()
     again = choose_plan(a, graph, H100, limit=8, beam=3)
     assert again.source == "disk"
@@ -131,7 +131,7 @@ def test_choose_plans_spreads_distinct_structures_over_processes(cache):
     from powerfusion.pipeline.search import choose_plans
     out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
     assert [c.source for c in out] == ["disk", "disk"]      # both searched in workers
-    assert len(list((cache / "plans").glob("*.pkl"))) == 2
+    assert len(list((cache / "plans").glob("*.json"))) == 2
 
 
 def test_merged_plan_runs_when_every_rewrite_is_rejected(two_layernorms, cache, monkeypatch):

@@ -94,7 +94,7 @@ def test_status_and_clear(tmp_path):
     info = cache.status()
     assert info["entries"] == 3 and info["bytes"] > 600
     (tmp_path / "unrelated.txt").write_text("kept")
-    assert cache.clear() == 3
+    assert cache.clear() == (3, [])
     assert cache.status()["entries"] == 0
     assert (tmp_path / "unrelated.txt").exists()
 

@@ -84,7 +84,8 @@ class CpuPlan:
         """The kernel's output shapes by buffer, and the buffers that leave the session (made once)."""
         got = self._shapes.get(k.subgraph.name)
         if got is None:
-            got = self._shapes[k.subgraph.name] = ({b: tuple(graph.tensors[t].shape) for b, t in k.outputs},
+            got = self._shapes[k.subgraph.name] = ({b: tuple(graph.tensors[t].shape) for b, t in k.outputs
+                                                    if not _empty(graph, t)},
                                                    frozenset(b for b, t in k.outputs if t in self.keep))
         return got
 
@@ -114,23 +115,38 @@ class CpuPlan:
 
     def run(self, sub: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
         k = self.kernels[sub.name]
-        if k.gir is None:
+        if all(_empty(graph, t) for t in sub.outputs):   # nothing to compute (as the compiler skips it)
+            for t in sub.outputs:
+                info = graph.tensors[t]
+                env[t] = np.empty(tuple(info.shape), np.dtype(info.dtype))
+            return
+        if k.gir is None or any(_empty(graph, t) for t in sub.inputs):
+            # a zero-size input: GIR buffers hold at least one element; the basic-op executor
+            # gives reductions over nothing their identities, as ONNX does
             from powerfusion.session import execute_subgraph
             execute_subgraph(sub, env, graph)
             return
         feeds = {b: env[t] for b, t in k.inputs}
         shapes, fresh = self._outputs(k, graph)
         out = k.native.run(feeds, shapes, fresh) if k.native is not None else k.program.run(feeds, shapes)
-        for b, t in k.outputs:
-            env[t] = out[b]
+        for b, t in k.outputs:   # a zero-size output's buffer holds one unused element
+            info = graph.tensors[t]
+            env[t] = out[b] if b in shapes else np.empty(tuple(info.shape), np.dtype(info.dtype))
+
+
+def _empty(graph: BasicGraph, tensor: str) -> bool:
+    return any(int(d) == 0 for d in graph.tensors[tensor].shape)
 
 
 def compile_cpu_plan(partition: Partition, native: bool = True) -> CpuPlan:
     """Every subgraph's plan; with `native`, also its generated C, compiled and loaded."""
     t0 = time.perf_counter()
     from powerfusion.progress import progress_bar
+    g = partition.graph
     subgraphs = progress_bar(partition.subgraphs, desc="lowering to GIR", unit="subgraph")
-    kernels = {s.name: compile_subgraph(s, partition.graph, fast=not native) for s in subgraphs}
+    kernels = {s.name: CpuKernel(s, None, None, (), (), note="every output has zero elements: nothing to compute")
+               if all(_empty(g, t) for t in s.outputs) else compile_subgraph(s, g, fast=not native)
+               for s in subgraphs}
     for k in kernels.values():
         if k.fallback:
             warnings.warn(f"subgraph {k.subgraph.name} ({len(k.subgraph.nodes)} basic ops) runs on the basic-op "

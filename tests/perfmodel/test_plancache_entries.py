@@ -1,0 +1,90 @@
+"""Plan-cache entries are data: no entry can run code, and none is served under another key."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+
+import numpy as np
+from onnx import TensorProto as T, helper as h
+
+from powerfusion.frontend import import_model, partition
+from powerfusion.gir.interpreter import run_gir
+from powerfusion.pipeline import plancache
+from powerfusion.pipeline.plan_codec import CodecError, decode
+from powerfusion.pipeline.search import choose_plan
+from powerfusion.targets.specs import get_target
+
+H100 = get_target("h100")
+
+
+def _unary(op: str):
+    g = h.make_graph([h.make_node(op, ["x"], ["y"])], op.lower(), [h.make_tensor_value_info("x", T.FLOAT, [4, 64])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [4, 64])])
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    return graph, partition(graph, "cuda").subgraphs[0]
+
+
+def _run(choice, x):
+    return run_gir(choice.graph, {choice.graph.inputs[0]: x.reshape(-1)})[choice.graph.outputs[0]].reshape(x.shape)
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_pickle_in_the_cache_never_runs(cache, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    graph, sub = _unary("Relu")
+    key = plancache.structural_key(sub, graph, H100)
+    path = plancache._path(key)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pickle.dumps((plancache.FORMAT, _Boom())))
+    path.with_suffix(".pkl").write_bytes(pickle.dumps((2, _Boom())))   # the old entry format too
+    choice = choose_plan(sub, graph, H100, limit=4, beam=2)
+    assert choice.source == "search"
+    assert not (tmp_path / "pwned").exists()
+    assert json.loads(path.read_text())["key"] == key   # the search stored a JSON entry over it
+
+
+def test_the_codec_builds_only_its_own_classes():
+    for hostile in ({"$": "system", "command": "true"}, {"$": "Elementwise", "fn": "__import__('os')"},
+                    {"$": "BinOp", "op": "exec", "a": 1, "b": 2}, {"$": "Buffer", "name": "b", "level": 0,
+                                                                   "size": 1, "dtype": "float32", "extra": 1}):
+        try:
+            decode(hostile)
+        except CodecError:
+            continue
+        raise AssertionError(f"decoded {hostile}")
+
+
+def test_an_entry_is_not_served_under_another_key(cache):
+    relu, relu_sub = _unary("Relu")
+    sig, sig_sub = _unary("Sigmoid")
+    choose_plan(relu_sub, relu, H100, limit=4, beam=2)
+    relu_key, sig_key = (plancache.structural_key(s, g, H100) for s, g in ((relu_sub, relu), (sig_sub, sig)))
+    shutil.copy(plancache._path(relu_key), plancache._path(sig_key))   # a Relu entry under the Sigmoid key
+    plancache.clear_memo()
+    assert plancache.lookup(sig_key, sig_sub, sig, H100) is None
+    choice = choose_plan(sig_sub, sig, H100, limit=4, beam=2)
+    x = np.linspace(-3, 3, 256, dtype=np.float32).reshape(4, 64)
+    # float32 sigmoid on the interpreter against numpy: rtol 1e-6
+    np.testing.assert_allclose(_run(choice, x), 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_an_edited_entry_fails_its_hash(cache):
+    graph, sub = _unary("Relu")
+    choose_plan(sub, graph, H100, limit=4, beam=2)
+    key = plancache.structural_key(sub, graph, H100)
+    path = plancache._path(key)
+    assert plancache.read_entry(path.read_text(), key) is not None
+    doc = json.loads(path.read_text())
+    text = json.dumps(doc["payload"]).replace('"relu"', '"sigmoid"')
+    assert '"sigmoid"' in text
+    doc["payload"] = json.loads(text)
+    path.write_text(json.dumps(doc))
+    plancache.clear_memo()
+    assert plancache.read_entry(path.read_text(), key) is None
+    assert choose_plan(sub, graph, H100, limit=4, beam=2).source == "search"
