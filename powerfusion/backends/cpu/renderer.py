@@ -72,6 +72,13 @@ class CPURenderer(CRenderer):
     def shfl_xor(self, value: str, mask: int) -> str:
         raise RenderError("a lane exchange on the CPU target (one lane per unit)")
 
+    def scalar(self, fn: str, params: dict, operands: list[str], out_dtype: str) -> str:
+        # C integer division by zero traps (SIGFPE ends the process); the GIR executor refuses a
+        # zero divisor with a DataError, as onnxruntime does, so such a subgraph stays there
+        if fn == "div" and not out_dtype.startswith(("float", "bfloat")):
+            raise RenderError(f"integer division ({out_dtype}) runs on the GIR executor, which checks the divisor")
+        return super().scalar(fn, params, operands, out_dtype)
+
     def render(self, graph: GIRGraph) -> list[KernelSource]:
         if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:
             raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.units_per_group} unit(s) "

@@ -84,8 +84,7 @@ class CpuPlan:
         """The kernel's output shapes by buffer, and the buffers that leave the session (made once)."""
         got = self._shapes.get(k.subgraph.name)
         if got is None:
-            got = self._shapes[k.subgraph.name] = ({b: tuple(graph.tensors[t].shape) for b, t in k.outputs
-                                                    if not _empty(graph, t)},
+            got = self._shapes[k.subgraph.name] = ({b: tuple(graph.tensors[t].shape) for b, t in k.outputs},
                                                    frozenset(b for b, t in k.outputs if t in self.keep))
         return got
 
@@ -128,7 +127,11 @@ class CpuPlan:
             return
         feeds = {b: env[t] for b, t in k.inputs}
         shapes, fresh = self._outputs(k, graph)
-        out = k.native.run(feeds, shapes, fresh) if k.native is not None else k.program.run(feeds, shapes)
+        if k.native is not None:   # the generated C gives a zero-size output a scratch buffer itself
+            out = k.native.run(feeds, shapes, fresh)
+        else:
+            shapes = {b: s for b, s in shapes.items() if 0 not in s}
+            out = k.program.run(feeds, shapes)
         for b, t in k.outputs:   # a zero-size output's buffer holds one unused element
             info = graph.tensors[t]
             env[t] = out[b] if b in shapes else np.empty(tuple(info.shape), np.dtype(info.dtype))

@@ -85,23 +85,41 @@ def _compile(compiler: str, flags: tuple[str, ...], source: str) -> bytes:
 
 
 def shared_object(source: str, cache_dir: Path | None = None) -> Path:
-    """The path of `source` compiled to a shared object (built at most once per cache)."""
+    """The path of `source` compiled to a shared object (built at most once per cache).
+    The bytes come from the kernel cache, whose entries carry their key and hash; the loadable
+    copy under `cpu-so/` is used only when its bytes equal them. A cache folder that cannot be
+    written (a file, read-only, a full disk) costs one warning: the object goes to a private
+    temporary folder instead."""
     from powerfusion import options
+    from powerfusion.errors import cache_unusable
     from powerfusion.runtime.cache import KernelCache, source_hash
     tc = find_toolchain()
     root = Path(cache_dir or options.current().cache_dir)
     key = {"kind": "cpu-shared-object", "source": source_hash(source), "compiler": tc.version, "flags": list(tc.flags)}
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:32]
-    path = root / "cpu-so" / f"{digest}.so"
-    if path.is_file():
-        return path
     blob = KernelCache(root / "kernels").get_or_build(key, lambda: _compile(tc.compiler, tc.flags, source))
+    path = root / "cpu-so" / f"{digest}.so"
+    try:
+        if path.is_file() and path.read_bytes() == blob:
+            return path
+        return _write_atomic(path, blob)
+    except OSError as e:
+        cache_unusable("cpu shared-object", path.parent, e)
+        return _write_atomic(Path(_private_dir()) / f"{digest}.so", blob)
+
+
+def _write_atomic(path: Path, blob: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".so", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         f.write(blob)
     os.replace(tmp, path)   # atomic: a concurrent loader sees the whole file or none
     return path
+
+
+@functools.cache
+def _private_dir() -> str:
+    return tempfile.mkdtemp(prefix="powerfusion-so-")
 
 
 def shared_objects(sources: list[str]) -> list[Path]:
