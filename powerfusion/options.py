@@ -29,6 +29,7 @@ class Options:
     device_id: int = 0        # cuda target: which GPU
     search_budget_s: float | None = None  # seconds of plan search per subgraph (None: the search's default)
     intra_op_threads: int = 0  # cpu target: BLAS threads during a run (0: the library's default)
+    precision: object = "fp32"  # "fp32" | "fp16" | "bf16" | powerfusion.precision.AmpConfig (AMP rewrite)
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

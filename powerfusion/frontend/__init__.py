@@ -14,9 +14,11 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
     from powerfusion.frontend.converters import convert_graph
     from powerfusion.frontend.fold import fold_constants
     from powerfusion.frontend.quantized import fuse_dequantize_matmul
+    from powerfusion.precision import lower_quantized
     sources: list[str] = []
     proto = load_model(model, shapes, sources=sources)
     proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
+    proto = lower_quantized(proto)         # QDQ / QLinear* / *Integer -> standard ops
     arrays: dict = {}
     proto = fold_constants(proto, arrays)
     graph = convert_graph(proto, arrays)
