@@ -82,6 +82,7 @@ def convert_precision(model: onnx.ModelProto, config: AmpConfig | str = "float16
     rw.run()
     report.casts_eliminated = eliminate_casts(model)
     remove_unused_casts(model)
+    _drop_unused_initializers(model)
     report.casts_left = sum(n.op_type == "Cast" for n in model.graph.node) - rw.original_casts
     del model.graph.value_info[:]       # stale after renaming; consumers infer again
     return model
@@ -101,6 +102,7 @@ class _Rewriter:
         self.taken = {n for node in g.node for n in list(node.input) + list(node.output)} | set(self.inits)
         self.original_casts = sum(n.op_type == "Cast" for n in g.node)
         self.cost = CastCost.for_target(config.cost_target, config.dtype)
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
     def run(self) -> None:
         out = []
@@ -124,6 +126,9 @@ class _Rewriter:
             return [node]
         if op not in COMPUTE_OPS and not any(node.input[i] in self.low_tensors for i in ins):
             return [node]       # propagation only: no 16-bit input reaches it
+        if not _typed_for(node, ins, self.opset, self.config.dtype):
+            self.report.declined.append(node.name or node.output[0])
+            return [node]       # ONNX has no such kernel at this opset (bf16 Conv before opset 22)
         if not conversion_pays(node, [node.input[i] for i in ins], self, self.cost):
             self.report.declined.append(node.name or node.output[0])
             return [node]
@@ -195,11 +200,35 @@ class _Rewriter:
         return name
 
 
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    """fp32 originals of weights that only converted nodes read."""
+    g = model.graph
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name in read]
+    if len(keep) < len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(keep)
+
+
+def _typed_for(node, ins: list[int], opset: int, dtype: str) -> bool:
+    """Whether the op's schema at `opset` admits `dtype` for each input we would convert."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    want = f"tensor({dtype})"
+    for i in ins:
+        formal = schema.inputs[min(i, len(schema.inputs) - 1)].type_str
+        if formal in allowed and want not in allowed[formal]:
+            return False
+    return True
+
+
 def _low_initializer(array: np.ndarray, name: str, dtype: str) -> TensorProto:
     if dtype == "float16":
         return numpy_helper.from_array(array.astype(np.float16), name)
-    return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape,
-                              array.astype(_bfloat16()).view(np.uint16).flatten().tolist(), raw=False)
+    return helper.make_tensor(name, TensorProto.BFLOAT16, array.shape, array.astype(_bfloat16()).tobytes(), raw=True)
 
 
 def _bfloat16():
