@@ -9,6 +9,7 @@ different sample counts, non-finite values.
 """
 from __future__ import annotations
 
+import os
 import zipfile
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
 
 def load_calibration(path: str, model: onnx.ModelProto) -> CalibrationData:
     """Read and check `path` against `model`'s inputs."""
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise CalibrationDataError(f"calibration data '{path}' is not an .npz file (np.savez writes one)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
