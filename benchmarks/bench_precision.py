@@ -11,7 +11,7 @@ INT8 static: calibration data are 16 seeded random input sets (models.export.sam
 minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Our INT8 path lowers the
 quantised GEMMs / convs to float32 library calls (precision/qdq.py): these rows measure that
 path as it is, not integer tensor cores.
-Writes <out>/precision-<date>.{json,md} (default benchmarks/results).
+Writes <out>/precision.{json,md} (default benchmarks/results).
 """
 from __future__ import annotations
 

@@ -94,6 +94,11 @@ def write(rows: list[dict], n_test: int) -> None:
         err = r.get("max_rel_error_vs_fp32")
         lines.append(f"| {r['model']} | {r['precision']} | {r['ours']:.4f} | {ortv} | {100 * r['loss_vs_fp32']:+.2f} % | "
                      f"{'-' if err is None else f'{err:.3g}'} |")
+    lines += ["", "Notes: AMP bf16 of the CNNs (opset 17) keeps the convolutions in fp32 (ONNX has no bf16 Conv "
+              "before opset 22), so only their Gemms run in bf16. digits_cnn_imbalanced is digits_cnn with "
+              "its first conv's channels scaled by 2**-6..2**6 and the second conv's inputs by the inverses "
+              "(the same function): the case where plain PTQ loses accuracy and equalisation (CLE) restores it. "
+              "Dynamic INT8 runs one image at a time; the rest run all held-out images as one batch."]
     (out / "precision-accuracy.md").write_text("\n".join(lines) + "\n")
 
 
