@@ -29,7 +29,7 @@ class CastCost:
 
     @staticmethod
     def for_target(name: str, dtype: str) -> "CastCost":
-        from powerfusion.perfmodel.specs import get_target
+        from powerfusion.targets.specs import get_target
         t = get_target(name)
         return CastCost(t.bandwidth, t.peak_flops["float32"], t.peak_flops.get(dtype, t.peak_flops["float32"]),
                         t.launch_s)
