@@ -71,6 +71,7 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
     _f("hard_sigmoid", 1, lambda x, alpha, beta: np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype),
        "fminf(fmaxf({0} * {alpha}f + {beta}f, 0.0f), 1.0f)", flops=4, params=("alpha", "beta")),
     _f("identity", 1, lambda x: x, "{0}", flops=0),
+    _f("round", 1, np.rint, "rintf({0})"),          # half to even, as ONNX Round
     # comparisons and logic (bool results)
     _f("equal", 2, np.equal, "({0} == {1})", result="bool"),
     _f("less", 2, np.less, "({0} < {1})", result="bool"),

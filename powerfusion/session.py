@@ -113,6 +113,11 @@ class InferenceSession:
         if isinstance(shapes, str):
             from powerfusion.frontend.loader import parse_shapes
             shapes = parse_shapes(shapes)
+        if self.options.precision not in ("fp32", "float32"):   # AMP: an ONNX rewrite before import
+            from powerfusion.frontend.loader import load_model
+            from powerfusion.precision import apply_precision
+            model = apply_precision(load_model(model, shapes), self.options.precision, self.target)
+            self._model = model
         say = _progress(self.options)
         with _timed(say, "import"):
             self.graph: BasicGraph = import_model(model, shapes=shapes)

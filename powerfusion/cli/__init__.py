@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "powerfusion.cli.cmd_compare",
     # planned; each line starts working once its module exists
     "compile": "powerfusion.cli.cmd_compile",
+    "convert": "powerfusion.cli.cmd_convert",
+    "quantize": "powerfusion.cli.cmd_quantize",
     "bench": "powerfusion.cli.cmd_bench",
     "viz": "powerfusion.cli.cmd_viz",
     "cache": "powerfusion.runtime.cli_cache",

@@ -11,6 +11,8 @@ def add_arguments(p) -> None:
     add_model_arguments(p, target=False)
     p.add_argument("--target", default="cuda", help="cuda (default), hip, mlu, cpu (C with OpenMP), or a device name (h100, mi250, mlu370)")
     p.add_argument("-o", "--output", required=True, help="folder for the sources and plan.json")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="automatic mixed precision before compiling (default fp32: the model as given)")
     p.add_argument("--timings", action="store_true", help="print the seconds spent in each pipeline step")
     p.add_argument("--tune", action="store_true", help="time the perf model's best plans on the GPU and keep the fastest")
     p.add_argument("--no-cache", action="store_true",
@@ -33,7 +35,8 @@ def main(args) -> int:
     check_output_folder(args.output)
     use_cache = not (args.no_cache or args.tune)
     if use_cache:
-        key, hash_s = compile_cache.compile_key(model, args.target, shapes, entry.extension)
+        key_target = args.target if args.precision == "fp32" else f"{args.target}+{args.precision}"
+        key, hash_s = compile_cache.compile_key(model, key_target, shapes, entry.extension)
         hit = compile_cache.lookup(key, args.output)
         if hit is not None:
             _write_manifest(args)
@@ -49,6 +52,10 @@ def main(args) -> int:
     from powerfusion.compiler import compile_model
     from powerfusion.pipeline.plan_io import write_plan
     compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
+    if args.precision != "fp32":   # AMP rewrite of the ONNX model, weighed by this target's figures
+        from powerfusion.frontend.loader import load_model
+        from powerfusion.precision import apply_precision
+        model = apply_precision(load_model(model, shapes), args.precision, args.target)
     plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
     t2 = time.perf_counter()
     path = write_plan(plan, args.output, entry.extension)

@@ -17,11 +17,21 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> Bas
     sources: list[str] = []
     proto = load_model(model, shapes, sources=sources)
     proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
+    proto = _lower_quantized(proto)        # QDQ / QLinear* / *Integer -> standard ops
     arrays: dict = {}
     proto = fold_constants(proto, arrays)
     graph = convert_graph(proto, arrays)
     graph.metadata["external_data"] = sources
     return graph
+
+
+def _lower_quantized(proto):
+    """Quantised ops lowered to standard ones (precision/qdq.py), and the new tensors' shapes inferred."""
+    from powerfusion.frontend.loader import infer_shapes
+    from powerfusion.precision.qdq import has_quantized_ops, lower_quantized_ops
+    if not has_quantized_ops(proto):
+        return proto
+    return infer_shapes(lower_quantized_ops(proto))
 
 
 def partition(graph: BasicGraph, target: str = "cpu") -> Partition:

@@ -9,7 +9,8 @@ import onnx
 from powerfusion.frontend.builder import NodeCtx
 
 UNARY = {"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log",
-         "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu", "Not": "not", "IsNaN": "isnan"}
+         "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu", "Not": "not", "IsNaN": "isnan",
+         "Round": "round"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equal", "Less": "less",
           "Greater": "greater", "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "and",
           "Or": "or"}

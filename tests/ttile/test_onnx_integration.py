@@ -71,14 +71,22 @@ def test_dequantize_matmul_fp16_cpu():
     assert rel_err(pf.InferenceSession(m, target="cpu").run(None, x)[0], ort_run(m, x)) <= 2e-3
 
 
-def test_dequantize_linear_outside_the_pattern():
-    # x computed at run time: DequantizeLinear is not supported; the error names the node
+def _runtime_dequantize(dtype):
     nodes = [helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq_runtime")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q", TensorProto.INT8, [4, 8])],
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q", dtype, [4, 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
                           [numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_dequantize_linear_outside_the_pattern():
+    # x computed at run time: lowered to (q - 0) * s (precision/qdq.py); int16 is not lowered and
+    # is reported, naming the node
+    q = np.arange(-16, 16, dtype=np.int8).reshape(4, 8)
+    [y] = pf.InferenceSession(_runtime_dequantize(TensorProto.INT8), target="cpu").run(None, {"q": q})
+    np.testing.assert_array_equal(y, q.astype(np.float32) * 0.5)
     with pytest.raises(UnsupportedOpError, match="dq_runtime"):
-        pf.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), target="cpu")
+        pf.InferenceSession(_runtime_dequantize(TensorProto.INT16), target="cpu")
 
 
 def test_matmulnbits_with_g_idx_and_other_microsoft_ops_are_reported():
