@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
+from powerfusion.backends.c_index import render_index
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
@@ -124,8 +125,8 @@ class KernelLowering:
 
     def expr(self, e: Expr) -> str:
         e = _simplified(self, e)   # index arithmetic folded under the ranges it runs in (gir/simplify.py)
-        return render_c(e, {"u": "u", "i": "i", "j": "j"},
-                        load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
+        return render_index(e, {"u": "u", "i": "i", "j": "j"},
+                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
 
     def dtype(self, s: MemorySlice) -> str:
         return self.graph.buffer(s.buffer).dtype
