@@ -6,7 +6,6 @@ from functools import partial
 
 from powerfusion import basic as B
 from powerfusion.gir.expr import Expr, Load, const, select, emin, emax
-from powerfusion.templates.axes import collapse_transpose
 from powerfusion.templates.common import (builds, Candidate, Ctx, View, and_, contiguous_strides,
                                           contiguous_view, fill_value, in_range, wrap_clamp)
 from powerfusion.templates.maps import Part, Source, TileParams, build_parts, map_tilings, vecs_for
@@ -78,9 +77,9 @@ def reshape(ctx: Ctx) -> list[Candidate]:
 # ---- transpose (direct) --------------------------------------------------------------
 
 def transpose_direct(ctx: Ctx) -> list[Candidate]:
+    perm = ctx.node.op.perm
     x, out = ctx.node.inputs[0], ctx.node.outputs[0]
-    ishape, perm = collapse_transpose(ctx.tensors[x].shape, ctx.node.op.perm)   # same flat data, fewer axes
-    oshape = tuple(ishape[p] for p in perm)
+    ishape, oshape = ctx.tensors[x].shape, ctx.tensors[out].shape
     ist, ost = contiguous_strides(ishape), contiguous_strides(oshape)
 
     def over_out(ctx):  # contiguous writes, strided reads

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from powerfusion.gir.expr import I, J, U
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Scope, Sync
-from powerfusion.templates.axes import collapse_transpose
 from powerfusion.templates.common import (Candidate, Ctx, Emitter, Infeasible, View, and_, contiguous_strides,
                                           contiguous_view, coords, in_range, prod, reg_dtype, view_index)
 from powerfusion.templates.maps import (Source, TileParams, load, map_tilings, store, tile_width, tiling,
@@ -20,8 +19,9 @@ class TileTransposeParams:
 
 
 def transpose_tiled(ctx: Ctx) -> list[Candidate]:
+    perm = ctx.node.op.perm
     x = ctx.node.inputs[0]
-    ishape, perm = collapse_transpose(ctx.tensors[x].shape, ctx.node.op.perm)
+    ishape = ctx.tensors[x].shape
     n = len(perm)
     if n < 2 or perm[-1] == n - 1 or ishape[perm[-1]] == 1 or ishape[-1] == 1:
         return []  # the innermost dim stays put: a direct copy is already contiguous on both sides
@@ -34,10 +34,11 @@ def transpose_tiled(ctx: Ctx) -> list[Candidate]:
 
 
 def _build_tiled(ctx: Ctx, p: TileTransposeParams):
+    perm = ctx.node.op.perm
     x, out = ctx.node.inputs[0], ctx.node.outputs[0]
-    ishape, perm = collapse_transpose(ctx.tensors[x].shape, ctx.node.op.perm)   # same flat data, fewer axes
+    ishape = ctx.tensors[x].shape
     n = len(perm)
-    ist, ost = contiguous_strides(ishape), contiguous_strides(tuple(ishape[q] for q in perm))
+    ist, ost = contiguous_strides(ishape), contiguous_strides(ctx.tensors[out].shape)
     inv = [perm.index(e) for e in range(n)]
     a, b = n - 1, perm[-1]            # input's innermost dim; the dim that becomes the output's innermost
     X, Y, T, G = ishape[b], ishape[a], p.tile, p.units
