@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from powerfusion.backends.c_index import render_index
+from powerfusion.backends.cstyle.index import render_index
 from powerfusion.gir.expr import Const, Load, I, J, U, evaluate
 
 FLOOR = {"floordiv": "pf_floordiv", "mod": "pf_mod"}

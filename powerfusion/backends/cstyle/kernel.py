@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
-from powerfusion.backends.c_index import render_index
+from powerfusion.backends.cstyle.index import render_index
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
@@ -493,7 +493,7 @@ def _aligned(index: Expr, vec: int) -> bool:
 def vector_copy_ok(src: MemorySlice, dst: MemorySlice, lanes: int) -> bool:
     """Can a global -> global move of these slices be rendered as vector copies? One dtype,
     one vector width > 1, one tile shape of whole lane chunks, both sides contiguous and
-    aligned in j (the cost model asks the same question: perfmodel/cost.py)."""
+    aligned in j (the cost model asks the same question through cstyle/cost.py)."""
     vec = src.vec
     return (vec > 1 and dst.vec == vec and src.dtype == dst.dtype and src.num == dst.num
             and src.width == dst.width and src.width % (lanes * vec) == 0
