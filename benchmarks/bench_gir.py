@@ -3,6 +3,8 @@ benchmarks). Suites:
   norms      LayerNorm, RMSNorm, softmax; fp32 and bf16; M = 32768 x N in {256 ... 65536}
   subgraphs  memory-bound subgraphs cut from BERT, GPT-2 (prefill; decode attention, KV 1K-32K),
              ViT, ShuffleNet, EfficientNet, SAR-DRN, RedNet at realistic sizes (gir_cases.py)
+  heldout    subgraphs at shapes of models the search was not tuned on (ShuffleNetV2, GPT-2 medium,
+             BERT-large, LLaMA-7B decode, EfficientNet-B0, TinyLlama); batch 1 and 8, fp32 and bf16
   models     whole committed small models (latency-bound; reported, not part of the geomeans)
 
 Every row: device time (CUDA-graph replay over input sets that exceed 2x L2), per-call latency,
@@ -166,9 +168,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     start = time.perf_counter()
     copy_bw, l2 = copy_bandwidth(), l2_bytes()
-    cases = []
-    for suite in args.suite:   # in the order given
-        cases += gir_cases.norm_cases() if suite == "norms" else gir_cases.subgraph_cases() if suite == "subgraphs" else []
+    cases = gir_cases.cases_for([s for s in args.suite if s != "models"])   # in the order given
     if args.only:
         cases = [c for c in cases if args.only in c.name]
     if args.dtypes:

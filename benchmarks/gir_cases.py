@@ -64,9 +64,9 @@ class G:
                                            name=f"{op_type}_{self.k}", **attrs))
         return out
 
-    def model(self, name) -> onnx.ModelProto:
+    def model(self, name, opset=OPSET) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, name, self.inputs, self.outputs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="powerfusion-bench")
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="powerfusion-bench")
         m.ir_version = 8
         return m
 
@@ -241,7 +241,9 @@ def dwconv_bn_silu(suite, n, c, hw, dtype="float32"):
 
     def fn(x):
         return F.silu(F.batch_norm(F.conv2d(x, tw, None, 1, 1, 1, c), tm, tv, ts, tb, False, 0.0, EPS))
-    return BenchCase(suite, f"dwconv3x3_bn_silu_{n}x{c}x{hw}x{hw}", dtype, g.model("dwconv"),
+    # ONNX Conv takes bfloat16 from opset 22
+    return BenchCase(suite, f"dwconv3x3_bn_silu_{n}x{c}x{hw}x{hw}", dtype,
+                     g.model("dwconv", opset=22 if dtype == "bfloat16" else OPSET),
                      {"x": ((n, c, hw, hw), "normal")}, fn, 2 * _nbytes((n, c, hw, hw), dtype))
 
 
@@ -298,6 +300,29 @@ def involution(suite, n, c, hw, groups, k=3, dtype="float32"):
                      2 * _nbytes((n, c, hw, hw), dtype) + _nbytes((n, groups, k * k, hw, hw), dtype))
 
 
+def rmsnorm_swiglu(suite, tokens, hidden, inter, dtype="float32"):
+    """A LLaMA-style decoder's memory-bound work between its GEMMs: RMSNorm of the residual
+    stream beside SwiGLU (silu(gate) * up) of the MLP's two projections -- two independent
+    parts of one subgraph."""
+    import torch
+    g = G(dtype)
+    x, gate, up = g.inp("x", (tokens, hidden)), g.inp("gate", (tokens, inter)), g.inp("up", (tokens, inter))
+    y, a = g.out("y", (tokens, hidden)), g.out("a", (tokens, inter))
+    w = np.random.default_rng(7).standard_normal(hidden).astype(np.float32)
+    ms = g.op("ReduceMean", [g.op("Mul", [x, x])], axes=[-1], keepdims=1)
+    rs = g.op("Sqrt", [g.op("Add", [ms, g.const(np.array(EPS, np.float32))])])
+    g.op("Mul", [g.op("Div", [x, rs]), g.const(w)], y)
+    g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up], a)
+    tw = _torch_param(w, dtype)
+
+    def fn(x, gate, up):
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS) * tw, torch.nn.functional.silu(gate) * up
+    return BenchCase(suite, f"rmsnorm_swiglu_{tokens}x{hidden}_{inter}", dtype, g.model("rmsnorm_swiglu"),
+                     {"x": ((tokens, hidden), "normal"), "gate": ((tokens, inter), "normal"),
+                      "up": ((tokens, inter), "normal")}, fn,
+                     2 * _nbytes((tokens, hidden), dtype) + 3 * _nbytes((tokens, inter), dtype) + _nbytes((hidden,), dtype))
+
+
 def norm_cases(m=32768, ns=(256, 1024, 4096, 16384, 65536), dtypes=("float32", "bfloat16")):
     return [f(m, n, dt) for dt in dtypes for f in (layernorm, rmsnorm, softmax) for n in ns]
 
@@ -315,3 +340,35 @@ def subgraph_cases():
         bn_relu_add(s + "/sardrn", 16, 64, 128),
         involution(s + "/rednet", 16, 64, 56, 4),
     ]
+
+
+def heldout_cases(batches=(1, 8), dtypes=("float32", "bfloat16")):
+    """Subgraphs at shapes of models the plan search and its cost model were not tuned on,
+    batch 1 and 8, fp32 and bf16: ShuffleNetV2 x1.0 stage 2 (116 channels at 28x28), GPT-2
+    medium (hidden 1024, 16 heads, 1024 tokens per sequence), BERT-large at SQuAD length 384
+    (16 heads, FFN 4096), a LLaMA-7B decode step (32 heads of 128 over a 1K KV cache),
+    EfficientNet-B0 stage 5 (480 channels at 14x14, 3x3 depthwise) and TinyLlama (hidden 2048,
+    MLP 5632) prefill of 256 tokens."""
+    s = "heldout"
+    out = []
+    for dt in dtypes:
+        for b in batches:
+            out += [channel_shuffle(s + "/shufflenetv2", b, 58, 28, dt),
+                    add_layernorm(s + "/gpt2-medium", b * 1024, 1024, dt),
+                    scale_mask_softmax(s + "/bert-large", b, 16, 384, dtype=dt),
+                    bias_gelu(s + "/bert-large", b * 384, 4096, dtype=dt),
+                    decode_attention(s + "/llama-decode", b, 32, 1024, d=128, dtype=dt),
+                    dwconv_bn_silu(s + "/efficientnet", b, 480, 14, dt),
+                    rmsnorm_swiglu(s + "/tinyllama", b * 256, 2048, 5632, dt)]
+    return out
+
+
+SUITES = {"norms": norm_cases, "subgraphs": subgraph_cases, "heldout": heldout_cases}
+
+
+def cases_for(suites) -> list[BenchCase]:
+    """Every case of the named suites, in the order given (unknown names: an error)."""
+    unknown = [s for s in suites if s not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown benchmark suite(s) {unknown}; known: {sorted(SUITES)}")
+    return [c for s in suites for c in SUITES[s]()]

@@ -28,8 +28,7 @@ def case_key(case) -> str:
 def jobs(suites=("subgraphs", "norms", "models")) -> dict:
     import gir_cases
     out = {}
-    cases = (gir_cases.subgraph_cases() if "subgraphs" in suites else []) + \
-        (gir_cases.norm_cases() if "norms" in suites else [])
+    cases = gir_cases.cases_for([s for s in suites if s != "models"])
     for case in cases:  # benchmark cases first
         out[case_key(case)] = case.model.SerializeToString()
     if "models" in suites:

@@ -21,8 +21,7 @@ BIG = 4 << 30   # bytes: cases this large are warmed one at a time (by worker 0)
 
 def _cases(suites, dtypes=None):
     import gir_cases
-    cases = (gir_cases.norm_cases() if "norms" in suites else []) + \
-        (gir_cases.subgraph_cases() if "subgraphs" in suites else [])
+    cases = gir_cases.cases_for([s for s in suites if s != "models"])
     return [c for c in cases if not dtypes or c.dtype in dtypes]
 
 

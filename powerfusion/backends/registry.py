@@ -23,7 +23,7 @@ class Backend:
     toolchain: str = ""                 # what compiles the rendered source (documentation, CLI help)
     runtime: str | None = None          # "module:function" (partition, options) -> executor; None: compile only
     requires: str = ""                  # what running needs, for the error when its runtime is missing
-    cost_hooks: str | None = None       # module with streamed_ops(graph, ops, registers_per_lane)
+    cost_hooks: str | None = None       # module with streamed_ops(graph, ops, registers_per_lane), vector_copy(src, dst, lanes)
     render_in_search: bool = False      # the search renders each candidate to reject layouts early
     max_group_threads: int | None = None  # hardware limit on lanes x units per group, when it has one
 

@@ -12,6 +12,12 @@ on a path from the graph inputs to it. Connected memory-bound ops of one level f
 a group; no path between two ops of one level can pass through a library call, so
 the contracted graph is acyclic. Neighbouring groups are then merged greedily
 while the contracted graph stays acyclic, which makes the groups maximal.
+
+Horizontal fusion: memory-bound groups of one level that no path connects either way (an
+RMSNorm beside a SwiGLU; the reshapes after three projections) are merged too, so they share
+one subgraph and the lowering can give them one launch (each part keeps its own tiling; units
+beyond a part's extent are guarded off). Contracting two unconnected nodes cannot make a
+cycle. A merged group stays below HFUSE_MAX_NODES nodes, which bounds the plan search.
 """
 from __future__ import annotations
 
@@ -93,6 +99,7 @@ def partition_graph(graph: BasicGraph, target: str = "cpu") -> Partition:
 
     group = _initial_groups(nodes, preds, lib, level)
     group = _merge_groups(preds, group, lib)
+    group = _merge_independent(preds, group, lib, level)
 
     steps = _order_steps(graph, nodes, preds, lib, group)
     return Partition(graph=graph, target=target, steps=steps)
@@ -139,6 +146,34 @@ def _merge_groups(preds, group, lib) -> list[int]:
             g = into[g]
         return g
     return [root(g) for g in group]
+
+
+HFUSE_MAX_NODES = 48
+
+
+def _merge_independent(preds, group, lib, level) -> list[int]:
+    """Merge memory-bound groups of one level that are unconnected in the contracted graph."""
+    q = _quotient(preds, group)
+    size: dict[int, int] = {}
+    first: dict[int, int] = {}
+    lvl: dict[int, int] = {}
+    for i, g in enumerate(group):
+        size[g] = size.get(g, 0) + 1
+        first.setdefault(g, i)
+        lvl[g] = max(lvl.get(g, 0), level[i])
+    into: dict[int, int] = {}
+    mem = sorted((g for g in size if not lib[first[g]]), key=first.get)
+    for k, a in enumerate(mem):
+        if a in into:
+            continue
+        for b in mem[k + 1:]:
+            if b in into or lvl[b] != lvl[a] or size[a] + size[b] > HFUSE_MAX_NODES:
+                continue
+            if nx.has_path(q, a, b) or nx.has_path(q, b, a):
+                continue
+            nx.contracted_nodes(q, a, b, self_loops=False, copy=False)
+            into[b], size[a] = a, size[a] + size[b]
+    return [into.get(g, g) for g in group]
 
 
 def _quotient(preds, group) -> nx.DiGraph:

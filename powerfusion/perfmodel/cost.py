@@ -266,10 +266,11 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
             cached += c
             if amp > 1.0:  # extra sectors of an uncoalesced access keep the load/store units busy
                 scatter_s += nbytes * (amp - 1.0) / _scatter_rate(t, is_write, sms_used)
-            lanes_used = min(P.lanes, max(1, -(-s.width // max(1, s.vec))))
+            vec = _rendered_vec(op, s, P, t)
+            lanes_used = min(P.lanes, max(1, -(-s.width // max(1, vec))))
             # loads into registers are unrolled over segments and lane chunks; stores need no wait
-            ilp = ILP_CAP if is_write else _load_ilp(op, s, P)
-            inflight = max(inflight, lanes_used * s.vec * _itemsize(s.dtype) * ilp)
+            ilp = ILP_CAP if is_write else _load_ilp(op, s, P, t)
+            inflight = max(inflight, lanes_used * vec * _itemsize(s.dtype) * ilp)
         elif s.level == Level.SHARED:
             rate = t.levels["shared"].bandwidth * sms_used / t.groups_concurrent
             shared_s += nbytes * _bank_conflicts(s, units, P) / rate
@@ -318,11 +319,36 @@ def _per_sm_bandwidth(t: TargetSpec, warps: float) -> float:
     return float(np.interp(math.log2(warps), np.log2(xs), ys))
 
 
-def _load_ilp(op: GOp, s: MemorySlice, P: Parallel) -> int:
+def _global_copy(op: GOp, P: Parallel, t: TargetSpec) -> bool | None:
+    """Does the target's renderer emit this global -> global move as unrolled vector copies
+    (its cost hook `vector_copy`)? None when it is no such move or the backend does not say."""
+    if len(op.inputs) != 1 or len(op.outputs) != 1 or type(op.args).__name__ != "Move":
+        return None
+    src, dst = op.inputs[0], op.outputs[0]
+    if not src.level == dst.level == Level.GLOBAL:
+        return None
+    hooks = backend(t.backend).load_cost_hooks()
+    if hooks is None or not hasattr(hooks, "vector_copy"):
+        return None
+    return bool(hooks.vector_copy(src, dst, P.lanes))
+
+
+def _rendered_vec(op: GOp, s: MemorySlice, P: Parallel, t: TargetSpec) -> int:
+    """The access width the renderer gives a global slice: a global -> global move that is
+    not a vector copy (an index not contiguous and aligned in j: a composed shuffle's planes
+    behind a div/mod chain) goes element by element, whatever the slice's vec says."""
+    if s.vec > 1 and _global_copy(op, P, t) is False:
+        return 1
+    return s.vec
+
+
+def _load_ilp(op: GOp, s: MemorySlice, P: Parallel, t: TargetSpec) -> int:
     """Independent loads per lane: the renderer unrolls a register destination's segments and
-    lane chunks; the generic element loop (into shared memory) gets what nvcc's default
-    unrolling of a simple loop gives."""
+    lane chunks, and a global vector copy's; the generic element loop (into shared memory)
+    gets what nvcc's default unrolling of a simple loop gives."""
     dst = op.outputs[0] if op.outputs else None
+    if dst is not None and _global_copy(op, P, t):
+        return int(min(ILP_CAP, max(1, s.num * max(1, s.width // (P.lanes * max(1, s.vec))))))
     if dst is None or dst.level != Level.REGISTER:
         return LOOP_ILP
     return int(min(ILP_CAP, max(1, s.num * max(1, s.width // (P.lanes * max(1, s.vec))))))

@@ -93,17 +93,23 @@ def _extents(w: MemorySlice, w_units, buffers) -> tuple[int, int]:
     return (int(rows.max()) + 1 if rows.size else 1), (int(cols.max()) + 1 if cols.size else 1)
 
 
-def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tuple[int, int]):
-    """Inverse maps address -> writer (u1, i1, j1), as expressions over `addr` and the reader's u."""
+def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tuple[int, int], flat: int | None = None):
+    """Inverse maps address -> writer (u1, i1, j1), as expressions over `addr` and the reader's u.
+    `flat`: how many leading elements of the row-major (i, j) space the writer writes, when the
+    valid mask cuts it inside a segment (else None)."""
     if loads(w.index):
         return
     ci, cj = affine_coefficient(w.index, "i"), affine_coefficient(w.index, "j")
     if ci is None or cj is None:
         return
     ij = [(ci, extents[0], "i"), (cj, extents[1], "j")]
+    if flat is not None and cj > 0 and ci == cj * w.width:
+        # row-major segments (i * width + j) whose valid run is not a whole number of segments
+        # (a 784-element row in segments of 128): one digit k, split into i and j afterwards
+        ij = [(cj, flat, "k")]
     if same_unit:
         base = substitute(w.index, {"i": Const(0), "j": Const(0)})
-        sol = _decompose(_ADDR - base, ij)
+        sol = _split_flat(_decompose(_ADDR - base, ij), w.width)
         if sol is not None:
             yield U, sol
         return
@@ -115,7 +121,8 @@ def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tu
     # a unit digit the address ignores (several units share an address, the valid mask
     # picking one of them) is not in the address: try each of its values (the check decides)
     free = [(ext, place) for (c, ext, place) in digits if c == 0 and ext > 1]
-    sol = _decompose(_ADDR - c0, ij + [(c, ext, n) for (c, ext, _), n in zip(digits, names) if c != 0 or ext <= 1])
+    sol = _split_flat(_decompose(_ADDR - c0, ij + [(c, ext, n) for (c, ext, _), n in zip(digits, names)
+                                                    if c != 0 or ext <= 1]), w.width)
     if sol is None or int(np.prod([ext for ext, _ in free], dtype=np.int64)) > 64:
         return
     u1: Expr = Const(0)
@@ -126,14 +133,38 @@ def _candidates(w: MemorySlice, parallel: Parallel, same_unit: bool, extents: tu
         yield u1 + sum((v * place for v, (_, place) in zip(values, free) if v), Const(0)), sol
 
 
+def _split_flat(sol: dict | None, width: int) -> dict | None:
+    """A solution with the flat digit k becomes one in i = k // width and j = k % width."""
+    if sol is None or "k" not in sol:
+        return sol
+    k = sol.pop("k")
+    return {**sol, "i": k // width, "j": k % width}
+
+
+def _flat_extent(w: MemorySlice, w_units, buffers) -> int | None:
+    """1 + the largest row-major position i * width + j the writer writes, when that run ends
+    inside a segment (a partial last segment); None otherwise."""
+    if w.valid is None or len(w_units) == 0 or w.num == 1:
+        return None
+    try:
+        m = w.mask(np.asarray(w_units), buffers).reshape(len(w_units), w.num * w.width)
+    except KeyError:
+        return None
+    pos = np.nonzero(m.any(axis=0))[0]
+    if not pos.size or int(pos.max()) + 1 != pos.size or pos.size % w.width == 0:
+        return None   # not one leading run, or whole segments (the i, j digits already fit)
+    return int(pos.size)
+
+
 def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel, need: str | None,
            buffers=None) -> list[Coords]:
     tries = []
     extents = _extents(w, w_units, buffers)
+    flat = _flat_extent(w, _sampled(w_units, w.count), buffers)
     if w.pattern() == r.pattern() and np.array_equal(w_units, r_units):
         tries.append(Coords(U, I, J))
     for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
-        for u1, sol in _candidates(w, parallel, same_unit, extents):
+        for u1, sol in _candidates(w, parallel, same_unit, extents, flat):
             m = {"addr": r.index}
             tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
                                 substitute(sol.get("j", Const(0)), m)))

@@ -92,6 +92,23 @@ def check(model, feeds, rtol=None, atol=None, reference=None):
     return graph
 
 
+def _check_parts_independent(g, s, sub):
+    """A subgraph is connected, or horizontally fused: its connected parts are unconnected
+    in the whole graph (no path either way, through library calls included)."""
+    parts = list(nx.connected_components(sub))
+    if len(parts) == 1:
+        return
+    full = nx.DiGraph()
+    consumers = g.consumers()
+    full.add_edges_from((n.name, c.name) for n in g.nodes for t in n.outputs for c in consumers.get(t, []))
+    full.add_nodes_from(n.name for n in g.nodes)
+    for a in parts:
+        for b in parts:
+            if a is not b:
+                reach = set().union(*(nx.descendants(full, x) for x in a))
+                assert not (reach & b), f"{s.name}: fused parts {sorted(a)} and {sorted(b)} depend on each other"
+
+
 def check_partition(p):
     """Every node in exactly one step; steps executable in order; subgraph inputs/outputs exact."""
     g = p.graph
@@ -115,6 +132,6 @@ def check_partition(p):
             sub.add_nodes_from(names)
             sub.add_edges_from((p_.name, c.name) for p_ in nodes for t in p_.outputs
                                for c in consumers.get(t, []) if c.name in names)
-            assert nx.is_connected(sub), f"{s.name} is not connected"
+            _check_parts_independent(g, s, sub)
         available |= produced
     assert [s.name for s in p.subgraphs] == [f"sg{i}" for i in range(len(p.subgraphs))]

@@ -108,3 +108,36 @@ def test_partition_function_not_shadowed_by_its_module():
     importlib.import_module("powerfusion.frontend.partition")
     from powerfusion.frontend import partition as p
     assert callable(p) and p is fe.partition and not isinstance(p, type(importlib))
+
+
+def test_independent_groups_of_one_level_share_a_subgraph():
+    # horizontal fusion: relu(x) and exp(z) are unconnected, both before any library call
+    nodes = [helper.make_node("Relu", ["x"], ["y1"], name="relu"),
+             helper.make_node("Exp", ["z"], ["y2"], name="exp")]
+    p = partition(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
+                  "cpu")
+    check_partition(p)
+    (sg,) = p.subgraphs
+    assert {n.origin.node for n in sg.nodes} == {"relu", "exp"} and set(sg.outputs) == {"y1", "y2"}
+
+
+def test_independent_groups_of_different_levels_stay_apart():
+    # relu(mm(x)) waits for the library call; exp(z) need not, so they are not fused
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["b"], name="mm"),
+             helper.make_node("Relu", ["b"], ["y1"], name="relu"),
+             helper.make_node("Exp", ["z"], ["y2"], name="exp")]
+    p = partition(import_model(make_model(None, {"x": f(256, 256), "z": f(4, 16)}, {"w": f(256, 256)}, nodes=nodes,
+                                          outputs=("y1", "y2"))), "cpu")
+    check_partition(p)
+    assert sorted(sorted(n.origin.node for n in s.nodes) for s in p.subgraphs) == [["exp"], ["relu"]]
+
+
+def test_fused_parts_stay_below_the_node_cap(monkeypatch):
+    import importlib
+    monkeypatch.setattr(importlib.import_module("powerfusion.frontend.partition"), "HFUSE_MAX_NODES", 1)
+    nodes = [helper.make_node("Relu", ["x"], ["y1"], name="relu"),
+             helper.make_node("Exp", ["z"], ["y2"], name="exp")]
+    p = partition(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
+                  "cpu")
+    check_partition(p)
+    assert len(p.subgraphs) == 2

@@ -17,6 +17,18 @@ R, N = 8, 64
 H100 = get_target("h100")
 
 
+def _separate_subgraphs(graph):
+    """The subgraphs of a model of independent parts, each its own subgraph: horizontal fusion
+    (frontend/partition.py) would make them one, and these tests are about searching several."""
+    import importlib
+    part = importlib.import_module("powerfusion.frontend.partition")
+    cap, part.HFUSE_MAX_NODES = part.HFUSE_MAX_NODES, 0
+    try:
+        return partition(graph, "cuda").subgraphs
+    finally:
+        part.HFUSE_MAX_NODES = cap
+
+
 @pytest.fixture(scope="module")
 def two_layernorms():
     """Two structurally identical LayerNorms with different names and weights: two subgraphs."""
@@ -27,7 +39,7 @@ def two_layernorms():
     g = h.make_graph(nodes, "ln2", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
                      [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    subs = partition(graph, "cuda").subgraphs
+    subs = _separate_subgraphs(graph)
     assert len(subs) == 2
     return graph, subs
 
@@ -127,7 +139,7 @@ def test_choose_plans_spreads_distinct_structures_over_processes(cache):
     g = h.make_graph(nodes, "two", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
                      [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    subs = partition(graph, "cuda").subgraphs
+    subs = _separate_subgraphs(graph)
     from powerfusion.pipeline.search import choose_plans
     out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
     assert [c.source for c in out] == ["disk", "disk"]      # both searched in workers

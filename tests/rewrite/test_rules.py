@@ -136,6 +136,21 @@ def test_compose_moves_through_an_intermediate_nothing_else_reads():
                                               ["X"], ["Z", "T"]))
 
 
+def test_compose_moves_through_rows_with_a_partial_last_segment():
+    # rows of 6 in segments of 4 (num 2, the second half masked), as a channel shuffle's 784-element
+    # planes in segments of 128: unit u reads the row unit 3 - u wrote. The writer's i and j are
+    # one flat digit (i * 4 + j < 6), so the reader reads X's row 3 - u directly.
+    def rows6(name, first):
+        return glob(name, first * 6 + I * 4 + J, 2, 4, valid=(I * 4 + J).lt(6))
+    ops = [mv(rows6("X", U), rows6("T", U)), sync(Scope.DEVICE, [rows6("T", U)], [rows6("T", 3 - U)]),
+           mv(rows6("T", 3 - U), reg("y", 2, 4)), mv(reg("y", 2, 4), rows6("Z", U))]
+    bufs = [gbuf("X", 24), gbuf("T", 24), gbuf("Z", 24), gbuf("y", 8, Level.REGISTER)]
+    before = graph(ops, bufs, ["X"], ["Z"])
+    expected = graph([mv(rows6("X", 3 - U), reg("y", 2, 4)), ops[3]],
+                     [gbuf("X", 24), gbuf("Z", 24), gbuf("y", 8, Level.REGISTER)], ["X"], ["Z"])
+    check_rule(compose_moves, before, 2, expected)
+
+
 def test_compose_moves_refuses_a_register_source_read_by_another_unit():
     ops = [mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), row("T")), sync(Scope.DEVICE, [row("T")], [col("T")]),
            mv(col("T"), reg("y", C, 1)), mv(reg("y", C, 1), col("Z"))]

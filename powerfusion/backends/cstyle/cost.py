@@ -2,7 +2,7 @@
 what the cost model needs to know about how this renderer executes a kernel."""
 from __future__ import annotations
 
-from powerfusion.backends.cstyle.kernel import KernelLowering
+from powerfusion.backends.cstyle.kernel import KernelLowering, vector_copy_ok
 from powerfusion.backends.cstyle.streaming import STREAM_SLOTS, Run, stream_segments
 from powerfusion.gir.ir import GIRGraph, GOp
 
@@ -20,3 +20,9 @@ def streamed_ops(renderer, graph: GIRGraph, ops: tuple[GOp, ...], registers_per_
     if segs is None:
         return None
     return [o for seg in segs for o in (seg.ops if isinstance(seg, Run) else (seg,))]
+
+
+def vector_copy(src, dst, lanes: int) -> bool:
+    """Is a global -> global move of these slices rendered as vector copies (kernel.py
+    `_vector_copy`)? The cost model prices it at the slices' vector width only then."""
+    return vector_copy_ok(src, dst, lanes)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
+from powerfusion.backends.cstyle.index import render_index
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
@@ -124,8 +125,8 @@ class KernelLowering:
 
     def expr(self, e: Expr) -> str:
         e = _simplified(self, e)   # index arithmetic folded under the ranges it runs in (gir/simplify.py)
-        return render_c(e, {"u": "u", "i": "i", "j": "j"},
-                        load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
+        return render_index(e, {"u": "u", "i": "i", "j": "j"},
+                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
 
     def dtype(self, s: MemorySlice) -> str:
         return self.graph.buffer(s.buffer).dtype
@@ -174,7 +175,7 @@ class KernelLowering:
         if src.level == Level.REGISTER and dst.level == Level.REGISTER:
             if self.reg[src.buffer] != self.reg[dst.buffer] or src.count != dst.count:
                 raise _err(f"register move between layouts needs a WARP exchange: {op.describe()}")
-        fast = self._vector_move(op)
+        fast = self._vector_move(op) or self._vector_copy(op)
         if fast:
             return fast
         # iterate over the elements this lane owns: the register side decides, else the source
@@ -245,6 +246,39 @@ class KernelLowering:
                 elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
                 lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; if ({gv}) "
                           f"{self.ptr(glob.buffer)}[{elem}] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)}; }} }}"]
+        lines.append("}")
+        return lines
+
+    def _vector_copy(self, op: GOp) -> list[str] | None:
+        """16/8/4-byte copies between two contiguous aligned global slices of one dtype (a
+        transpose of whole rows, a channel shuffle's planes): one vector load and store per
+        lane and segment, unrolled; a vector with a masked element takes the element path."""
+        (src,), (dst,) = op.inputs, op.outputs
+        if src.level != Level.GLOBAL or dst.level != Level.GLOBAL or not vector_copy_ok(src, dst, self.r.lanes):
+            return None
+        nbytes = src.vec * np_dtype(self.dtype(src)).itemsize
+        if nbytes not in self.r.vector_type:
+            return None
+        L, vec, vt = self.r.lanes, src.vec, self.r.vector_type[nbytes]
+        sv, dv = self._valid(src), self._valid(dst)
+        at_j0 = {"j": _Raw("j0")}
+        lines = ["#pragma unroll", f"for (int i = 0; i < {src.num}; ++i)", "#pragma unroll",
+                 f"for (int c = 0; c < {src.width // (L * vec)}; ++c) {{",
+                 f"  const int j0 = (c * {L} + lane) * {vec};",
+                 f"  const idx_t a0 = {self.expr(substitute(src.index, at_j0))};",
+                 f"  const idx_t d0 = {self.expr(substitute(dst.index, at_j0))};"]
+        ok = "true"
+        if sv or dv:   # each element's masks evaluated once: for the vector test and the element path
+            lines += [f"  bool ms[{vec}], md[{vec}]; bool ok = true;", "  #pragma unroll",
+                      f"  for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; ms[v] = {sv or 'true'}; "
+                      f"md[v] = {dv or 'true'}; ok = ok && ms[v] && md[v]; }}"]
+            ok = "ok"
+        sp, dp = self.ptr(src.buffer), self.ptr(dst.buffer)
+        lines.append(f"  if ({ok}) *reinterpret_cast<{vt}*>(&{dp}[d0]) = *reinterpret_cast<const {vt}*>(&{sp}[a0]);")
+        if sv or dv:
+            fill = self._fill(src.fill, self.dtype(src), self.dtype(dst))
+            lines.append(f"  else {{ for (int v = 0; v < {vec}; ++v) if (md[v]) {dp}[d0 + v] = "
+                         f"ms[v] ? {sp}[a0 + v] : {fill}; }}")
         lines.append("}")
         return lines
 
@@ -454,6 +488,16 @@ def _aligned(index: Expr, vec: int) -> bool:
         if isinstance(c0, Const) and c0.value % vec == 0 and ci % vec == 0 and cu % vec == 0:
             return True
     return _multiple_of(rest, vec)
+
+
+def vector_copy_ok(src: MemorySlice, dst: MemorySlice, lanes: int) -> bool:
+    """Can a global -> global move of these slices be rendered as vector copies? One dtype,
+    one vector width > 1, one tile shape of whole lane chunks, both sides contiguous and
+    aligned in j (the cost model asks the same question through cstyle/cost.py)."""
+    vec = src.vec
+    return (vec > 1 and dst.vec == vec and src.dtype == dst.dtype and src.num == dst.num
+            and src.width == dst.width and src.width % (lanes * vec) == 0
+            and _aligned(src.index, vec) and _aligned(dst.index, vec))
 
 
 def _multiple_of(e: Expr, n: int) -> bool:
