@@ -32,6 +32,7 @@ class Options:
     # most bytes a model may declare (its tensors together, the CPU session keeps them all):
     # a larger one is refused at import, before anything is allocated; default 3/4 of RAM
     memory_limit: int = 0
+    fallback: str | None = None  # "onnxruntime": unsupported nodes run through it (cpu target)
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
