@@ -78,7 +78,7 @@ def write_results(outcomes, excluded: dict, seconds: float) -> None:
         if o.status == "unsupported":
             declined_ops.update(set(re.findall(r"\((\w+), opset", o.detail)))
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git_commit": _commit(), "device": "CPU (numpy / basic-op executor)", "onnx": onnx.__version__,
+            "git_commit": _commit(), "device": "2-core CPU, PowerFusion cpu target", "onnx": onnx.__version__,
             "seconds": round(seconds, 1)}
     bugs = [o for o in outcomes if o.bug and o.name not in excluded]
     summary = {"total": len(outcomes), "passed": by["passed"], "unsupported": by["unsupported"],
