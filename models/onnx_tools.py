@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnx.inliner
 from onnx import helper, numpy_helper, shape_inference
 
 # Op types the PowerFusion frontend accepts; every bundled model stays inside this set.
@@ -24,10 +23,6 @@ Squeeze Unsqueeze Concat Split Slice Gather Expand Where Cast Equal Less Greater
 Sum Max Min Identity Dropout Constant ConstantOfShape Shape Pad MatMul Gemm Conv MaxPool
 AveragePool GlobalAveragePool IsNaN GatherElements LessOrEqual GreaterOrEqual
 """.split())
-
-# Never evaluated at build time even when their inputs are constant.
-_NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
-                           "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}
@@ -69,10 +64,7 @@ def sample_inputs(specs, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 # ---- constant folding ------------------------------------------------------------
-
-def _opsets(model: onnx.ModelProto) -> dict[str, int]:
-    return {o.domain: o.version for o in model.opset_import}
-
+# The folding itself is the frontend's (powerfusion.frontend.fold): one implementation.
 
 def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     t = vi.type.tensor_type
@@ -82,112 +74,28 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     return None if None in dims else tuple(dims)
 
 
-def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    inferred = shape_inference.infer_shapes(model, data_prop=True)
-    g = inferred.graph
-    shapes = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        s = _static_shape(vi)
-        if s is not None:
-            shapes[vi.name] = s
-    return shapes
-
-
-def _fold_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    start, end = attrs.get("start", 0), attrs.get("end", len(shape))
-    return np.array(shape[slice(start, end)], dtype=np.int64)
-
-
-def _evaluate(node: onnx.NodeProto, values: dict, opsets: dict) -> list[np.ndarray]:
-    """Runs one node in onnxruntime (the onnx reference evaluator mishandles some ops,
-    e.g. GatherElements with broadcast-shaped indices)."""
-    import onnxruntime as ort
-    ins = list(dict.fromkeys(n for n in node.input if n))
-    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(values[n].dtype),
-                                            values[n].shape) for n in ins]
-    outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    graph = helper.make_graph([node], "fold", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
-    model.ir_version = 8  # any version onnxruntime reads; opsets carry the semantics
-    model = shape_inference.infer_shapes(model, strict_mode=True)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    result = dict(zip([o.name for o in outputs], sess.run(None, {n: values[n] for n in ins})))
-    return [np.asarray(result[o]) if o else None for o in node.output]
-
-
-def _fold_pass(model: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-    g = model.graph
-    opsets = _opsets(model)
-    shapes = _known_shapes(model)
-    values = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    kept, changed = [], False
-    for node in g.node:
-        if node.op_type == "Constant":
-            values[node.output[0]] = _evaluate(node, values, opsets)[0]
-            changed = True
-        elif node.op_type == "Shape" and node.input[0] in shapes:
-            values[node.output[0]] = _fold_shape(node, shapes[node.input[0]])
-            changed = True
-        elif (node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDABLE
-              and all(n in values for n in node.input if n)):
-            for name, v in zip(node.output, _evaluate(node, values, opsets)):
-                if name:
-                    values[name] = v
-            changed = True
-        else:
-            kept.append(node)
-    return _rebuild(model, kept, values), changed
-
-
-def _live_nodes(graph_outputs, nodes) -> list:
-    needed = {o.name for o in graph_outputs}
-    live = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            live.append(node)
-            needed.update(n for n in node.input if n)
-    return live[::-1]
-
-
-def _dedupe_small_constants(nodes, values, keep: set, max_elements: int = 64) -> None:
+def _dedupe_small_constants(g: onnx.GraphProto, max_elements: int = 64) -> None:
     """Points every use of a small constant (Slice bounds, Reshape shapes) at one copy of
     each distinct value; exporters emit one per node."""
     first, alias = {}, {}
-    for name, v in values.items():
-        if v is not None and v.size <= max_elements and name not in keep:
-            key = (v.dtype.str, v.shape, v.tobytes())
-            alias[name] = first.setdefault(key, name)
-    for node in nodes:
+    for t in g.initializer:
+        v = numpy_helper.to_array(t)
+        if v.size <= max_elements:
+            alias[t.name] = first.setdefault((v.dtype.str, v.shape, v.tobytes()), t.name)
+    outputs = {o.name for o in g.output}
+    for node in g.node:
         for i, n in enumerate(node.input):
-            if n in alias:
+            if n in alias and n not in outputs:
                 node.input[i] = alias[n]
-
-
-def _rebuild(model, nodes, values) -> onnx.ModelProto:
-    g = model.graph
-    nodes = _live_nodes(g.output, nodes)
-    for node in nodes:  # exporter stack traces and module paths: bulk, no meaning
-        node.doc_string = ""
-        del node.metadata_props[:]
-    graph_inputs = {i.name for i in g.input}
-    _dedupe_small_constants(nodes, values, graph_inputs)
-    used = {n for node in nodes for n in node.input} | {o.name for o in g.output}
-    inits = [numpy_helper.from_array(np.asarray(values[n], order="C"), n)
-             for n in sorted(used) if n in values and n not in graph_inputs]
-    new_graph = helper.make_graph(nodes, g.name, list(g.input), list(g.output), inits)
-    out = helper.make_model(new_graph, opset_imports=list(model.opset_import),
-                            producer_name=model.producer_name or "powerfusion-models")
-    out.ir_version = model.ir_version
-    return out
+    used = {n for node in g.node for n in node.input} | outputs
+    for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in used]):
+        del g.initializer[i]
 
 
 def _check_outputs_produced(model: onnx.ModelProto) -> onnx.ModelProto:
     """A graph output that folded to a constant means the model ignores its inputs."""
     g = model.graph
-    inits = {i.name: i for i in g.initializer}
+    inits = {i.name for i in g.initializer}
     produced = {o for n in g.node for o in n.output}
     for out in g.output:
         if out.name not in produced and out.name in inits:
@@ -195,14 +103,17 @@ def _check_outputs_produced(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def fold_constants(model: onnx.ModelProto, max_passes: int = 10) -> onnx.ModelProto:
-    """Inline functions, then evaluate every node whose inputs are all constant (and every
-    Shape of a statically shaped tensor) until nothing changes; drop dead nodes."""
-    model = onnx.inliner.inline_local_functions(model)
-    for _ in range(max_passes):
-        model, changed = _fold_pass(model)
-        if not changed:
-            break
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The frontend's folding (local functions inlined, every node on constants and every
+    Shape of a statically shaped tensor evaluated, dead nodes dropped), then exporter bulk
+    removed: doc strings, module paths, duplicate small constants."""
+    from powerfusion.frontend.fold import fold_constants as fold
+    from powerfusion.frontend.loader import infer_shapes
+    model = fold(infer_shapes(model, "the exported model"))
+    for node in model.graph.node:  # exporter stack traces and module paths: bulk, no meaning
+        node.doc_string = ""
+        del node.metadata_props[:]
+    _dedupe_small_constants(model.graph)
     return _check_outputs_produced(infer_static_shapes(model))
 
 

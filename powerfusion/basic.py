@@ -153,10 +153,23 @@ class TypedMatMul:
     slots: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OnnxFallback:
+    """An ONNX node the frontend does not convert, run as it is by onnxruntime on the CPU
+    (option fallback='onnxruntime'); always a library step. Inputs are the node's inputs
+    (absent optional ones left out, `slots` says which they were); the output is the node's
+    output number `output` (one basic node per used output). frontend/fallback.py runs it."""
+    op_type: str
+    node: bytes              # the serialized onnx.NodeProto
+    opset: int
+    slots: tuple[int, ...]   # node input index of each basic input
+    output: int
+
+
 OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
-               GatherElements, Window, MatMul, Conv, TypedMatMul]
+               GatherElements, Window, MatMul, Conv, TypedMatMul, OnnxFallback]
 MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, GatherElements, Window)
-LIBRARY_OPS = (MatMul, Conv, TypedMatMul)
+LIBRARY_OPS = (MatMul, Conv, TypedMatMul, OnnxFallback)
 
 
 def kind_of(op: OpArgs) -> str:

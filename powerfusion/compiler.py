@@ -88,6 +88,12 @@ def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = Fals
     timer = _Timer()
     with timer("import"):
         graph = import_model(model, shapes)
+    if get_target(target).backend != "cpu":
+        from powerfusion.errors import UnsupportedOpError
+        from powerfusion.frontend.converters import cpu_only_nodes
+        declined = cpu_only_nodes(graph)
+        if declined:
+            raise UnsupportedOpError(declined)
     with timer("partition"):
         part = partition(graph, target)
     return compile_partition(graph, part, target, tune=tune, codegen=codegen, progress=progress, timer=timer)

@@ -17,8 +17,13 @@ class UnsupportedOpError(PowerFusionError):
     def __init__(self, nodes: list[tuple[str, str, int, str]]):
         # nodes: (node name, op type, opset, reason or shapes)
         self.nodes = nodes
+        counts: dict[str, int] = {}
+        for _, op, _, _ in nodes:
+            counts[op] = counts.get(op, 0) + 1
+        by_type = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
         lines = [f"  - node '{n}' ({op}, opset {opset}): {why}" for n, op, opset, why in nodes]
-        super().__init__(f"{len(nodes)} unsupported node(s):\n" + "\n".join(lines))
+        super().__init__(f"{len(nodes)} unsupported node(s) of {len(counts)} op type(s): {by_type}\n"
+                         + "\n".join(lines))
 
 
 class NodeError(PowerFusionError):

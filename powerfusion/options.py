@@ -33,6 +33,7 @@ class Options:
     # a larger one is refused at import, before anything is allocated; default 3/4 of RAM
     memory_limit: int = 0
     precision: object = "fp32"  # "fp32" | "fp16" | "bf16" | powerfusion.precision.AmpConfig (AMP rewrite)
+    fallback: str | None = None  # "onnxruntime": unsupported nodes run through it (cpu target)
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -40,6 +40,14 @@ def _cast(x, to):
     return x.astype(to)
 
 
+def _cast_saturate(x, to):
+    """ONNX Cast to a float8 type with saturate=1: out-of-range values (and infinities) become
+    the largest finite value of that sign, NaN stays NaN; then round to nearest even."""
+    import ml_dtypes
+    info = ml_dtypes.finfo(to)
+    return np.clip(x, float(info.min), float(info.max)).astype(to)
+
+
 def _f(name, arity, fn, c, flops=1, result="same", params=()):
     return name, ScalarFn(name, arity, fn, c, flops, result, params)
 
@@ -71,7 +79,31 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
     _f("hard_sigmoid", 1, lambda x, alpha, beta: np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype),
        "fminf(fmaxf({0} * {alpha}f + {beta}f, 0.0f), 1.0f)", flops=4, params=("alpha", "beta")),
     _f("identity", 1, lambda x: x, "{0}", flops=0),
-    _f("round", 1, np.rint, "rintf({0})"),          # half to even, as ONNX Round
+    _f("floor", 1, np.floor, "floorf({0})"),
+    _f("ceil", 1, np.ceil, "ceilf({0})"),
+    _f("round", 1, np.round, "rintf({0})"),   # half to even, as ONNX Round (and C's default mode)
+    _f("sign", 1, np.sign, "(({0} > 0) - ({0} < 0))", flops=2),
+    _f("sin", 1, np.sin, "sinf({0})", flops=8),
+    _f("cos", 1, np.cos, "cosf({0})", flops=8),
+    _f("tan", 1, np.tan, "tanf({0})", flops=8),
+    _f("asin", 1, np.arcsin, "asinf({0})", flops=8),
+    _f("acos", 1, np.arccos, "acosf({0})", flops=8),
+    _f("atan", 1, np.arctan, "atanf({0})", flops=8),
+    _f("sinh", 1, np.sinh, "sinhf({0})", flops=8),
+    _f("cosh", 1, np.cosh, "coshf({0})", flops=8),
+    _f("asinh", 1, np.arcsinh, "asinhf({0})", flops=8),
+    _f("acosh", 1, np.arccosh, "acoshf({0})", flops=8),
+    _f("atanh", 1, np.arctanh, "atanhf({0})", flops=8),
+    # remainders: fmod on floats; on integers truncated (rem, ONNX fmod=1) or floored (mod, fmod=0)
+    _f("fmod", 2, np.fmod, "fmodf({0}, {1})", flops=4),
+    _f("rem", 2, np.fmod, "({0} % {1})", flops=4),
+    _f("mod", 2, np.mod, "((({0} % {1}) + {1}) % {1})", flops=6),
+    _f("floor_mod", 2, np.mod, "({0} - {1} * floorf({0} / {1}))", flops=8),   # floats, sign of the divisor
+    # bitwise, on integers
+    _f("bitwise_and", 2, np.bitwise_and, "({0} & {1})"),
+    _f("bitwise_or", 2, np.bitwise_or, "({0} | {1})"),
+    _f("bitwise_xor", 2, np.bitwise_xor, "({0} ^ {1})"),
+    _f("bitwise_not", 1, np.invert, "(~{0})"),
     # comparisons and logic (bool results)
     _f("equal", 2, np.equal, "({0} == {1})", result="bool"),
     _f("less", 2, np.less, "({0} < {1})", result="bool"),
@@ -82,9 +114,15 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
     _f("and", 2, np.logical_and, "({0} && {1})", result="bool"),
     _f("or", 2, np.logical_or, "({0} || {1})", result="bool"),
     _f("isnan", 1, np.isnan, "isnan({0})", result="bool"),
+    _f("isinf", 1, np.isinf, "isinf({0})", result="bool"),
+    _f("isposinf", 1, np.isposinf, "({0} == INFINITY)", result="bool"),
+    _f("isneginf", 1, np.isneginf, "({0} == -INFINITY)", result="bool"),
+    _f("xor", 2, np.logical_xor, "({0} != {1})", result="bool"),
     # selection and conversion
     _f("where", 3, np.where, "({0} ? {1} : {2})"),
     _f("cast", 1, _cast, "({to})({0})", flops=0, result="param:to", params=("to",)),
+    # float8 results are cpu-only (frontend.converters.cpu_only_nodes): no C rendering saturates
+    _f("cast_saturate", 1, _cast_saturate, "({to})({0})", flops=2, result="param:to", params=("to",)),
 ])
 
 

@@ -27,8 +27,8 @@ import numpy as np
 from powerfusion import options as _options
 from powerfusion.backends import registry
 from powerfusion.errors import FeedError, PowerFusionError
-from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, Partition, Subgraph,
-                                        TensorInfo, TypedMatMul)
+from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, OnnxFallback, Partition, Subgraph,
+                               TensorInfo, TypedMatMul)
 from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, compile_cpu_plan  # noqa: F401
 
 # An executor maps feeds (validated, by graph input name) to a dict holding at least
@@ -120,7 +120,13 @@ class InferenceSession:
             self._model = model
         say = _progress(self.options)
         with _timed(say, "import"):
-            self.graph: BasicGraph = import_model(model, shapes=shapes)
+            self.graph: BasicGraph = import_model(model, shapes=shapes, fallback=self.options.fallback)
+        if backend != "cpu":
+            from powerfusion.errors import UnsupportedOpError
+            from powerfusion.frontend.converters import cpu_only_nodes
+            declined = cpu_only_nodes(self.graph)
+            if declined:
+                raise UnsupportedOpError(declined)
         with _timed(say, "partition"):
             self.partition: Partition = partition(self.graph, target=self.target)
         say(f"{len(self.partition.library_calls)} library call(s), {len(self.partition.subgraphs)} "
@@ -425,6 +431,9 @@ def run_library_op(op, inputs: list[np.ndarray], out_dtype) -> np.ndarray:
     if isinstance(op, TypedMatMul):  # low-bit constants: not cast to the compute dtype
         from powerfusion.frontend.quantized import run_typed_matmul
         return run_typed_matmul(op, inputs, out_dtype)
+    if isinstance(op, OnnxFallback):  # the node as it is, in onnxruntime
+        from powerfusion.frontend.fallback import run_fallback
+        return run_fallback(op, inputs, out_dtype)
     work = _compute_dtype(inputs[0].dtype)
     args = [np.asarray(x).astype(work, copy=False) for x in inputs]
     if isinstance(op, MatMul):

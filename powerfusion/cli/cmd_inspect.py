@@ -35,6 +35,7 @@ def build_report(model_path: str, shapes, target: str) -> dict:
     import onnx
 
     from powerfusion.frontend import import_model
+    from powerfusion.frontend.loader import symbol_uses
     from powerfusion.frontend.partition import partition_graph as partition
     from powerfusion.targets.specs import get_target
     from powerfusion.session import onnx_type_string
@@ -51,7 +52,8 @@ def build_report(model_path: str, shapes, target: str) -> dict:
                               for n in proto.graph.node)
     report = {"model": model_path, "target": target, "device": spec.name,
               "ridge_point": spec.ridge_point(), "nodes": len(proto.graph.node),
-              "ops": dict(ops.most_common()), "unsupported": [], "inputs": [], "outputs": [], "steps": []}
+              "ops": dict(ops.most_common()), "unsupported": [], "inputs": [], "outputs": [], "steps": [],
+              "symbols": {sym: [f"{name}[{k}]" for name, k in uses] for sym, uses in symbol_uses(proto).items()}}
     progress(f"importing {model_path}")
     try:
         graph = import_model(model_path, shapes=shapes)
@@ -89,8 +91,12 @@ def format_report(r: dict) -> str:
     lines = [f"model {r['model']}: {r['nodes']} nodes; target {r['target']} ({r['device']}), "
              f"ridge point {r['ridge_point']:.1f} FLOP/byte"]
     lines.append("ops: " + ", ".join(f"{op} x{n}" for op, n in r["ops"].items()))
+    if r.get("symbols"):   # one --shapes entry binds a symbol for every input that uses it
+        lines.append("symbolic dims: " + "; ".join(f"{s} in {', '.join(u)}" for s, u in r["symbols"].items()))
     if r["unsupported"]:
-        lines.append(f"UNSUPPORTED ({len(r['unsupported'])} node(s)); the model cannot be compiled:")
+        counts = collections.Counter(u["op_type"] for u in r["unsupported"])
+        lines.append(f"UNSUPPORTED ({len(r['unsupported'])} node(s): "
+                     + ", ".join(f"{op} x{n}" for op, n in counts.most_common()) + "); the model cannot be compiled:")
         lines += [f"  - node '{u['node']}' ({u['op_type']}, opset {u['opset']}): {u['reason']}"
                   for u in r["unsupported"]]
         return "\n".join(lines)

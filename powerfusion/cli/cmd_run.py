@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--inputs", help=".npz file with one array per model input (default: seeded random)")
     p.add_argument("--output", help="write the outputs to this .npz file")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--fallback", choices=("onnxruntime",),
+                   help="run nodes PowerFusion does not support through onnxruntime on the CPU (cpu target; "
+                        "a warning names them)")
 
 
 def main(args) -> int:

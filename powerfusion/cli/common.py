@@ -74,6 +74,9 @@ def make_session(args, target: str | None = None, session_options: dict | None =
         args.model = check_model_path(args.model)
     progress(f"importing and partitioning {args.model}")
     with Timer() as t:
+        fallback = getattr(args, "fallback", None)
+        if fallback:
+            session_options = {**(session_options or {}), "fallback": fallback}
         sess = InferenceSession(args.model, target=target, shapes=parse_shapes(args.shapes),
                                 options=session_options)
     if sess.partition is not None:

@@ -9,18 +9,24 @@ from powerfusion.frontend.loader import load_model, parse_shapes
 from powerfusion.frontend import partition as _partition_module  # noqa: E402,F401
 
 
-def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None) -> BasicGraph:
-    """Path, bytes or onnx.ModelProto -> BasicGraph with static shapes."""
-    from powerfusion.frontend.converters import convert_graph
+def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None, fallback: str | None = None) -> BasicGraph:
+    """Path, bytes or onnx.ModelProto -> BasicGraph with static shapes. `fallback`
+    ('onnxruntime'): unsupported nodes run through onnxruntime on the CPU (a FallbackWarning
+    names them) instead of raising UnsupportedOpError."""
+    from powerfusion.frontend.fallback import check_fallback
+    check_fallback(fallback)
+    from powerfusion.frontend.converters import CONVERTERS, convert_graph
+    from powerfusion.frontend.expand import expand_functions
     from powerfusion.frontend.fold import fold_constants
     from powerfusion.frontend.quantized import fuse_dequantize_matmul
     sources: list[str] = []
     proto = load_model(model, shapes, sources=sources)
     proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
     proto = _lower_quantized(proto)        # QDQ / QLinear* / *Integer -> standard ops
+    proto = expand_functions(proto, set(CONVERTERS))  # ops ONNX defines by a function body
     arrays: dict = {}
     proto = fold_constants(proto, arrays)
-    graph = convert_graph(proto, arrays)
+    graph = convert_graph(proto, arrays, fallback)
     graph.metadata["external_data"] = sources
     return graph
 

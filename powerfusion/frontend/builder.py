@@ -52,6 +52,8 @@ class GraphBuilder:
     def emit(self, op: OpArgs, inputs, shape, dtype, origin: Origin, out: str | None = None) -> str:
         out = out or self.fresh(f"{origin.op_type.lower()}")
         info = TensorInfo(out, tuple(int(d) for d in shape), np.dtype(dtype))
+        if info.size == 0:   # an empty tensor is a constant: nothing to compute
+            return self.constant(np.empty(info.shape, dtype=info.dtype), name=out)
         if self._foldable(op, inputs, info):
             from powerfusion.frontend.numpy_exec import EXECUTORS
             value = EXECUTORS[type(op)](op, [self.constants[i] for i in inputs], info.dtype)

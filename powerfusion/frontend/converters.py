@@ -14,22 +14,28 @@ import onnx
 from onnx import numpy_helper
 
 from powerfusion.errors import UnsupportedOpError
-from powerfusion.frontend import ops_elementwise, ops_nn, ops_shape
 from powerfusion.basic import BasicGraph, TensorInfo
+from powerfusion.frontend import (ops_conv_transpose, ops_einsum, ops_elementwise, ops_index, ops_nn, ops_resize,
+                                  ops_shape)
 from powerfusion.frontend.builder import GraphBuilder, NodeCtx
+from powerfusion.frontend.fallback import can_fall_back, convert_fallback
+from powerfusion.frontend.fallback import report as report_fallback
 from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset
 from powerfusion.frontend.quantized import check_quantized, convert_quantized, is_quantized
 
 CONVERTERS: dict[str, Callable[[NodeCtx], None]] = {
-    **ops_elementwise.CONVERTERS, **ops_shape.CONVERTERS, **ops_nn.CONVERTERS}
-CHECKS: dict[str, Callable[[NodeCtx], str | None]] = {**ops_shape.CHECKS, **ops_nn.CHECKS}
+    **ops_elementwise.CONVERTERS, **ops_shape.CONVERTERS, **ops_nn.CONVERTERS, **ops_index.CONVERTERS,
+    **ops_einsum.CONVERTERS, **ops_resize.CONVERTERS, **ops_conv_transpose.CONVERTERS}
+CHECKS: dict[str, Callable[[NodeCtx], str | None]] = {**ops_shape.CHECKS, **ops_nn.CHECKS, **ops_index.CHECKS,
+                                                      **ops_resize.CHECKS}
 
 # inputs that play the role of attributes: they must be constants (after folding)
 REDUCE_AXES = {op: 1 for op in ops_nn.REDUCE}
 CONST_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Split": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,),
     "Pad": (1, 2, 3), "Clip": (1, 2), "Dropout": (1, 2), "ConstantOfShape": (0,), "Tile": (1,),
-    **{op: (i,) for op, i in REDUCE_AXES.items()},
+    **{op: (i,) for op, i in REDUCE_AXES.items()}, **ops_index.CONST_INPUTS,
+    **ops_resize.CONST_INPUTS,
 }
 
 SUPPORTED_DTYPES = {np.dtype(t) for t in ("float32", "float16", "float64", "int64", "int32", "int8", "uint8",
@@ -52,9 +58,10 @@ def tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     return infos
 
 
-def convert_graph(model: onnx.ModelProto, arrays: dict | None = None) -> BasicGraph:
+def convert_graph(model: onnx.ModelProto, arrays: dict | None = None, fallback: str | None = None) -> BasicGraph:
     """A folded, shape-inferred ModelProto -> BasicGraph. `arrays`: initializer values already
-    converted to numpy, by name."""
+    converted to numpy, by name. `fallback` ('onnxruntime'): nodes we cannot convert run
+    through it as library steps where they can (frontend/fallback.py)."""
     from powerfusion.frontend.fold import initializer_arrays
     g = model.graph
     opset = default_opset(model)
@@ -63,11 +70,15 @@ def convert_graph(model: onnx.ModelProto, arrays: dict | None = None) -> BasicGr
     names = {n for node in g.node for n in list(node.input) + list(node.output)} | set(infos)
     b = GraphBuilder(names)
     ctxs = [NodeCtx(node, opset, b, consts, infos, i) for i, node in enumerate(g.node)]
-    _check_supported(ctxs)
+    foreign = _check_supported(ctxs, fallback)
     for vi in g.input:
         b.tensors[vi.name] = infos[vi.name]
     for cx in ctxs:
+        if id(cx) in foreign:
+            convert_fallback(cx)
+            continue
         (convert_quantized if is_quantized(cx.node) else CONVERTERS[cx.op_type])(cx)
+    report_fallback([(cx.origin.node, cx.op_type) for cx in ctxs if id(cx) in foreign])
     outputs = []
     for vi in g.output:
         if vi.name not in b.tensors and vi.name in consts:  # an output that folded to a constant
@@ -87,8 +98,10 @@ def raise_unsupported(model: onnx.ModelProto) -> None:
     _check_supported([NodeCtx(n, default_opset(model), b, consts, infos, i) for i, n in enumerate(model.graph.node)])
 
 
-def _check_supported(ctxs: list[NodeCtx]) -> None:
-    bad = []
+def _check_supported(ctxs: list[NodeCtx], fallback: str | None = None) -> set[int]:
+    """Raises UnsupportedOpError listing every node we cannot convert; with a fallback, the
+    ids of the contexts that run through it instead (those it can take)."""
+    bad, foreign = [], set()
     for cx in ctxs:
         node = cx.node
         reason = None
@@ -102,10 +115,25 @@ def _check_supported(ctxs: list[NodeCtx]) -> None:
         else:
             reason = (_runtime_input_reason(cx) or (CHECKS[node.op_type](cx) if node.op_type in CHECKS else None)
                       or _dtype_reason(cx) or _dynamic_output_reason(cx))
-        if reason:
-            bad.append((cx.origin.node, node.op_type, cx.opset, f"{reason}; input shapes {_shapes(cx)}"))
+        if reason and fallback and can_fall_back(cx):
+            foreign.add(id(cx))
+        elif reason:
+            bad.append(_unsupported_entry(cx, reason))
     if bad:
         raise UnsupportedOpError(bad)
+    return foreign
+
+
+def _unsupported_entry(cx: NodeCtx, reason: str) -> tuple[str, str, int, str]:
+    """(node, op type, opset, reason); a node of an expanded function body is reported as the
+    model's node it came from, naming the body's op that failed."""
+    from powerfusion.frontend.expand import expanded_from
+    origin = expanded_from(cx.node)
+    if origin is None:
+        return cx.origin.node, cx.op_type, cx.opset, f"{reason}; input shapes {_shapes(cx)}"
+    op_type, name = origin
+    return (name, op_type, cx.opset,
+            f"its ONNX function body's {cx.op_type} node: {reason}; input shapes {_shapes(cx)}")
 
 
 def _runtime_input_reason(cx: NodeCtx) -> str | None:
@@ -118,7 +146,9 @@ def _runtime_input_reason(cx: NodeCtx) -> str | None:
 def _dynamic_output_reason(cx: NodeCtx) -> str | None:
     for name in cx.node.output:
         if name and cx.inferred(name) is None:
-            return _invalid_inputs_reason(cx) or f"output '{name}' has no static shape (it depends on run-time data)"
+            return _invalid_inputs_reason(cx) or (
+                f"output '{name}' has no static shape: it depends on run-time data, not on the input shapes "
+                "(every input shape is static here, so --shapes cannot fix it)")
     return None
 
 
@@ -158,10 +188,40 @@ def _invalid_inputs_reason(cx: NodeCtx) -> str | None:
     return None
 
 
+# element types only Cast and CastLike take (to and from): float8, int4/uint4, int2/uint2, float4,
+# the wider integers; numpy (ml_dtypes) executes them, the C backends do not render them
+CAST_ONLY_DTYPES = {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, t))) for t in (
+    "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "INT4", "UINT4", "INT2", "UINT2",
+    "FLOAT4E2M1", "INT16", "UINT16", "UINT32", "UINT64") if hasattr(onnx.TensorProto, t)}
+CAST_OPS = ("Cast", "CastLike")
+
+
+def cpu_only_nodes(graph: BasicGraph) -> list[tuple[str, str, int, str]]:
+    """Basic nodes only the CPU executor runs (onnxruntime fallback nodes; tensors of the
+    Cast-only element types, which the C backends have no types for), as UnsupportedOpError
+    entries naming their ONNX nodes, once per node."""
+    from powerfusion.basic import OnnxFallback
+    out, seen = [], set()
+    for n in graph.nodes:
+        dtypes = {np.dtype(graph.tensors[t].dtype) for t in n.inputs + n.outputs}
+        exotic = sorted(d.name for d in dtypes & CAST_ONLY_DTYPES)
+        if isinstance(n.op, OnnxFallback):
+            why = "runs through the onnxruntime fallback, on the cpu target only"
+        elif exotic:
+            why = f"element type {', '.join(exotic)} runs on the cpu target only"
+        else:
+            continue
+        if n.origin.node not in seen:
+            seen.add(n.origin.node)
+            out.append((n.origin.node, n.origin.op_type, n.origin.opset, why))
+    return out
+
+
 def _dtype_reason(cx: NodeCtx) -> str | None:
+    allowed = SUPPORTED_DTYPES | CAST_ONLY_DTYPES if cx.op_type in CAST_OPS else SUPPORTED_DTYPES
     for name in list(cx.node.input) + list(cx.node.output):
         info = cx.inferred(name)
-        if info is not None and np.dtype(info.dtype) not in SUPPORTED_DTYPES:
+        if info is not None and np.dtype(info.dtype) not in allowed:
             return f"tensor '{name}' has unsupported dtype {np.dtype(info.dtype).name}"
     return None
 

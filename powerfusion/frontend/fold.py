@@ -1,11 +1,17 @@
-"""Constant folding on the ONNX graph, before conversion.
+"""Constant folding on the ONNX graph, before conversion: the one folding pass of the
+project (models/onnx_tools.py uses it too).
 
-A node whose inputs are all known constants (initializers, folded outputs) is
-evaluated with onnx.reference and replaced by initializers; Shape/Size of a
-tensor with a static inferred shape is a constant too. Folding and shape
-inference alternate until nothing changes, so shape-computing chains
-(Shape -> Gather -> Concat -> Reshape) disappear and Reshape/Expand/Slice... see
-constant shape inputs. Dead nodes and unused initializers are dropped.
+Local functions are inlined first. A node whose inputs are all known constants
+(initializers, folded outputs) is evaluated and replaced by initializers; Shape/Size of a
+tensor with a static inferred shape is a constant too. Folding and shape inference
+alternate until nothing changes, so shape arithmetic (Shape -> Gather -> Concat ->
+Reshape, Range / Mod / Div of dims, ConstantOfShape, ScatterND into a constant mask,
+Where / Equal on constants) disappears and Reshape/Expand/Slice... see constant shape
+inputs. Dead nodes and unused initializers are dropped.
+
+Evaluation uses onnx.reference (onnx is our one hard dependency); where the reference
+raises, or for ops it is known to get wrong (`REFERENCE_MISHANDLES`), onnxruntime is used
+when it is installed. A node neither can evaluate stays, and conversion handles or reports it.
 """
 from __future__ import annotations
 
@@ -19,12 +25,18 @@ from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset, infer_sh
 # ops whose output differs from run to run: never folded
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}
-MAX_ROUNDS = 8
+# GatherElements with indices shaped unlike the data (broadcast-shaped) comes out wrong
+REFERENCE_MISHANDLES = {"GatherElements"}
+MAX_ROUNDS = 16
 
 
 def fold_constants(model: onnx.ModelProto, arrays: dict | None = None) -> onnx.ModelProto:
-    """`arrays` (optional) caches initializer values by name across rounds and for the caller."""
+    """`model` has inferred shapes (loader.load_model). `arrays` (optional) caches initializer
+    values by name across rounds and for the caller."""
     arrays = {} if arrays is None else arrays
+    if model.functions:
+        import onnx.inliner
+        model = infer_shapes(onnx.inliner.inline_local_functions(model))
     # old (IR < 4) models list initializers among the inputs; they are constants here
     inits = {t.name for t in model.graph.initializer}
     real = [vi for vi in model.graph.input if vi.name not in inits]
@@ -55,6 +67,14 @@ def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    g = model.graph
+    out = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)
+           if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+    out.update({t.name: t.data_type for t in g.initializer})
+    return out
+
+
 def initializer_arrays(model: onnx.ModelProto, cache: dict) -> dict[str, np.ndarray]:
     for t in model.graph.initializer:
         if t.name not in cache:
@@ -67,9 +87,10 @@ def _fold_once(model, arrays):
     opset = default_opset(model)
     consts = initializer_arrays(model, arrays)
     shapes = static_shapes(model)
+    dtypes = elem_types(model)
     kept, changed = [], False
     for node in g.node:
-        values = _try_fold(node, consts, shapes, opset)
+        values = _try_fold(node, consts, shapes, dtypes, opset)
         if values is None:
             kept.append(node)
             continue
@@ -93,7 +114,7 @@ def _fold_once(model, arrays):
     return model, True
 
 
-def _try_fold(node, consts, shapes, opset):
+def _try_fold(node, consts, shapes, dtypes, opset):
     if node.domain not in DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC:
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -105,15 +126,22 @@ def _try_fold(node, consts, shapes, opset):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", None)
         return [np.array(shape[slice(start, end)], dtype=np.int64)]
+    if node.op_type == "CastLike" and node.input[0] in consts and node.input[1] in dtypes:
+        # the target only lends its element type: known from inference, whatever its values
+        node = onnx.helper.make_node("Cast", [node.input[0]], list(node.output), to=dtypes[node.input[1]],
+                                     **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
     if not all(i == "" or i in consts for i in node.input):
         return None
     feeds = {i: consts[i] for i in node.input if i}
-    try:
-        return _evaluate(node, feeds, opset)
-    except Exception:
-        # the reference lacks the op or rejects the values: the node stays, and conversion
-        # either handles it or reports it (UnsupportedOpError / NodeError) with the others
-        return None
+    evaluators = (_evaluate_ort, _evaluate) if node.op_type in REFERENCE_MISHANDLES else (_evaluate, _evaluate_ort)
+    for evaluate in evaluators:
+        try:
+            return evaluate(node, feeds, opset)
+        except Exception:
+            continue
+    # neither evaluator takes the op or the values: the node stays, and conversion
+    # either handles it or reports it (UnsupportedOpError / NodeError) with the others
+    return None
 
 
 def _evaluate(node, feeds, opset):
@@ -126,6 +154,24 @@ def _evaluate(node, feeds, opset):
     values = ReferenceEvaluator(model).run(None, feeds)
     it = iter(values)
     return [next(it) if o else None for o in node.output]
+
+
+def _evaluate_ort(node, feeds, opset):
+    """The same in onnxruntime (an optional dependency: ImportError when it is absent)."""
+    import onnxruntime as ort
+    inputs = [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for k, v in feeds.items()]
+    outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = 8  # a version every onnxruntime reads; the opset carries the semantics
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in outputs], sess.run(None, feeds)))
+    return [np.asarray(values[o]) if o else None for o in node.output]
 
 
 def _drop_dead(model):

@@ -24,6 +24,11 @@ from powerfusion.errors import ModelError
 MIN_OPSET, MAX_OPSET = 11, 21
 MIN_UPGRADABLE_OPSET = 7
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# ops whose definitions after MAX_OPSET our converters read as they are: Cast/CastLike's
+# round_mode (opset 24) only affects float8e8m0 results, a type we reject; SpaceToDepth's
+# mode (opset 28) is read by its converter; Range's stash_type (opset 27) is folded by
+# the reference, which knows it
+READ_AFTER_MAX = {"Cast", "CastLike", "SpaceToDepth", "Range"}
 
 
 def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None, *,
@@ -268,6 +273,8 @@ def _changed_after_max(op_type: str, opset: int) -> bool:
         new, old = onnx.defs.get_schema(op_type, opset), onnx.defs.get_schema(op_type, MAX_OPSET)
     except Exception:  # unknown op: let the converter table report it
         return False
+    if op_type in READ_AFTER_MAX:
+        return False
     if new.since_version == old.since_version:
         return False
     return _signature(new) != _signature(old)
@@ -287,6 +294,7 @@ def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str, weights=
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:
         raise ModelError(f"shapes given for unknown input(s) {unknown}; the inputs of {where} are {sorted(inputs)}")
+    symbols = _bind_symbols(inputs, shapes, where)
     for name, vi in inputs.items():
         if not vi.type.HasField("tensor_type"):
             raise ModelError(f"input '{name}' of {where} is not a tensor; only tensor inputs are supported")
@@ -302,6 +310,9 @@ def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str, weights=
             for w in want:
                 vi.type.tensor_type.shape.dim.add().dim_value = w
             continue
+        for d in dims:   # a symbol bound through another input's shape
+            if not d.HasField("dim_value") and d.dim_param in symbols:
+                d.dim_value = symbols[d.dim_param][0]
         if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
             shown = _fmt(dims) if vi.type.tensor_type.HasField("shape") else "(unknown rank)"
             parts = [str(d.dim_value) if d.HasField("dim_value") else "N" for d in dims] or ["N"]
@@ -311,6 +322,41 @@ def _fix_input_shapes(proto: onnx.ModelProto, shapes: dict, where: str, weights=
                 f"input '{name}' of {where} has a dynamic shape {shown}; give a static one, in Python "
                 f"shapes={{'{name}': {py}}} or on the command line "
                 f"--shapes {name}:{example} (replace each symbolic N by a number)")
+
+
+def _bind_symbols(inputs: dict, shapes: dict, where: str) -> dict[str, tuple[int, str]]:
+    """Symbolic dims (dim_param) bound by the given shapes: symbol -> (value, 'input:shape' that
+    bound it). Inputs share their symbols, so one input's shape binds them for all; a symbol
+    bound to two values is a mismatch."""
+    bound: dict[str, tuple[int, str]] = {}
+    for name, want in shapes.items():
+        tt = inputs[name].type.tensor_type
+        if not inputs[name].type.HasField("tensor_type") or not tt.HasField("shape") or len(tt.shape.dim) != len(want):
+            continue   # reported by the caller
+        given = f"{name}:{'x'.join(str(int(w)) for w in want)}"
+        for k, (d, w) in enumerate(zip(tt.shape.dim, want)):
+            if d.HasField("dim_value") or not d.dim_param:
+                continue
+            if d.dim_param in bound and bound[d.dim_param][0] != int(w):
+                value, other = bound[d.dim_param]
+                raise ModelError(f"inconsistent shapes for {where}: symbol '{d.dim_param}' is {value} in {other} "
+                                 f"but {int(w)} in {given} (dimension {k} of '{name}'); inputs that share a "
+                                 "symbol must agree on its value")
+            bound.setdefault(d.dim_param, (int(w), given))
+    return bound
+
+
+def symbol_uses(proto: onnx.ModelProto) -> dict[str, list[tuple[str, int]]]:
+    """Each symbolic input dimension -> the (input, dimension) pairs that use it."""
+    inits = {t.name for t in proto.graph.initializer}
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for vi in proto.graph.input:
+        if vi.name in inits or not vi.type.HasField("tensor_type"):
+            continue
+        for k, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.HasField("dim_value") and d.dim_param:
+                uses.setdefault(d.dim_param, []).append((vi.name, k))
+    return uses
 
 
 def _fmt(dims) -> str:

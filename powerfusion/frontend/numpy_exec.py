@@ -157,7 +157,13 @@ EXECUTORS = {
     B.MatMul: run_matmul,
     B.Conv: run_conv,
     B.TypedMatMul: lambda op, a, dt: run_typed_matmul(op, a, dt),
+    B.OnnxFallback: lambda op, a, dt: run_onnx_fallback(op, a, dt),
 }
+
+
+def run_onnx_fallback(op, args, dtype):
+    from powerfusion.frontend.fallback import run_fallback
+    return run_fallback(op, args, dtype)
 
 
 def run_typed_matmul(op, args, dtype):

@@ -10,10 +10,13 @@ from powerfusion.frontend.builder import NodeCtx
 
 UNARY = {"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log",
          "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid", "Relu": "relu", "Not": "not", "IsNaN": "isnan",
-         "Round": "round"}
+         "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sign": "sign", "Sin": "sin", "Cos": "cos",
+         "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+         "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "BitwiseNot": "bitwise_not"}
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "equal", "Less": "less",
           "Greater": "greater", "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal", "And": "and",
-          "Or": "or"}
+          "Or": "or", "Xor": "xor", "BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or",
+          "BitwiseXor": "bitwise_xor"}
 VARIADIC = {"Sum": "add", "Max": "max", "Min": "min"}
 
 
@@ -154,9 +157,52 @@ def convert_where(cx: NodeCtx):
     cx.ew("where", cx.inp(0), cx.inp(1), cx.inp(2), out=cx.out())
 
 
+SATURATING = {onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+              onnx.TensorProto.FLOAT8E5M2FNUZ}
+
+
+def _cast_to(cx: NodeCtx, to: int):
+    """ONNX Cast semantics: saturate (default 1) clamps to a float8 type's finite range."""
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to))
+    fn = "cast_saturate" if to in SATURATING and cx.attr("saturate", 1) else "cast"
+    cx.ew(fn, cx.inp(0), out=cx.out(), params=(("to", dtype),))
+
+
 def convert_cast(cx: NodeCtx):
-    to = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(cx.attr("to")))
-    cx.ew("cast", cx.inp(0), out=cx.out(), params=(("to", to),))
+    _cast_to(cx, cx.attr("to"))
+
+
+def convert_cast_like(cx: NodeCtx):
+    _cast_to(cx, onnx.helper.np_dtype_to_tensor_dtype(cx.dtype(1)))
+
+
+def convert_mod(cx: NodeCtx):
+    if cx.dtype(0).kind in "iu":
+        fn = "rem" if cx.attr("fmod", 0) else "mod"
+    else:
+        fn = "fmod" if cx.attr("fmod", 0) else "floor_mod"
+    cx.ew(fn, cx.inp(0), cx.inp(1), out=cx.out())
+
+
+def convert_is_inf(cx: NodeCtx):
+    pos, neg = cx.attr("detect_positive", 1), cx.attr("detect_negative", 1)
+    x = cx.inp(0)
+    if pos and neg:
+        cx.ew("isinf", x, out=cx.out())
+    elif pos or neg:
+        cx.ew("isposinf" if pos else "isneginf", x, out=cx.out())
+    else:
+        cx.b.constant(np.zeros(cx.shape(0), dtype=bool), name=cx.out())
+
+
+def convert_shrink(cx: NodeCtx):
+    x, dt = cx.inp(0), cx.dtype(0)
+    lambd, bias = float(cx.attr("lambd", 0.5)), float(cx.attr("bias", 0.0))
+    low = cx.ew("less", x, cx.scalar(-lambd, dt))
+    high = cx.ew("greater", x, cx.scalar(lambd, dt))
+    up = cx.ew("add", x, cx.scalar(bias, dt))
+    down = cx.ew("sub", x, cx.scalar(bias, dt))
+    cx.ew("where", low, up, cx.ew("where", high, down, cx.scalar(0, dt)), out=cx.out())
 
 
 def convert_identity(cx: NodeCtx):
@@ -217,6 +263,7 @@ CONVERTERS.update({op: variadic(fn) for op, fn in VARIADIC.items()})
 CONVERTERS.update({
     "Div": convert_div, "Mean": convert_mean, "Pow": convert_pow, "LeakyRelu": convert_leaky_relu, "HardSigmoid": convert_hard_sigmoid,
     "HardSwish": convert_hard_swish, "Clip": convert_clip, "Gelu": convert_gelu, "Where": convert_where,
-    "Cast": convert_cast, "Identity": convert_identity, "PRelu": convert_prelu, "Elu": convert_elu,
+    "Cast": convert_cast, "CastLike": convert_cast_like, "Mod": convert_mod,
+    "IsInf": convert_is_inf, "Shrink": convert_shrink, "Identity": convert_identity, "PRelu": convert_prelu, "Elu": convert_elu,
     "Selu": convert_selu, "Softplus": convert_softplus, "Softsign": convert_softsign, "Mish": convert_mish,
 })

@@ -351,6 +351,45 @@ def _pool_counts(spatial, win: Window, pads, include_pad: bool) -> np.ndarray:
     return view.reshape(view.shape[:len(spatial)] + (-1,)).sum(axis=-1)
 
 
+def _abs_pow(cx: NodeCtx, x: str, p: int) -> str:
+    """|x|^p, with the common p as multiplies."""
+    if p == 1:
+        return cx.ew("abs", x)
+    if p == 2:
+        return cx.ew("mul", x, x)
+    return cx.ew("pow", cx.ew("abs", x), cx.scalar(float(p), cx.info(x).dtype))
+
+
+def _root(cx: NodeCtx, x: str, p: int, out=None) -> str:
+    if p == 1:
+        return cx.alias(x, out) if out else x
+    if p == 2:
+        return cx.ew("sqrt", x, out=out)
+    return cx.ew("pow", x, cx.scalar(1.0 / p, cx.info(x).dtype), out=out)
+
+
+def convert_lp_pool(cx: NodeCtx):
+    p = int(cx.attr("p", 2))
+    w, _, outs = _pool_window(cx, 0.0)
+    nsp = len(outs)
+    s = cx.reduce("sum", _abs_pow(cx, w, p), range(2 + nsp, 2 + 2 * nsp), False)
+    _root(cx, s, p, out=cx.out())
+
+
+def convert_lp_normalization(cx: NodeCtx):
+    shape = cx.shape(0)
+    p = int(cx.attr("p", 2))
+    if p not in (1, 2):
+        cx.fail(f"LpNormalization p={p}: ONNX defines p = 1 or 2")
+    axis = cx.axis(cx.attr("axis", -1), len(shape))
+    x = cx.inp(0)
+    norm = _root(cx, cx.reduce("sum", _abs_pow(cx, x, p), [axis], True), p)
+    dt = cx.dtype(0)
+    zero = cx.ew("equal", norm, cx.scalar(0, dt))
+    norm = cx.ew("where", zero, cx.scalar(1, dt), norm)   # an all-zero slice stays zero, as the reference has it
+    cx.ew("div", x, norm, out=cx.out())
+
+
 def convert_global_pool(cx: NodeCtx):
     xs = cx.shape(0)
     axes = list(range(2, len(xs)))
@@ -366,6 +405,6 @@ CONVERTERS.update({
     "Softmax": convert_softmax, "LogSoftmax": convert_log_softmax, "LayerNormalization": convert_layer_norm,
     "InstanceNormalization": convert_instance_norm, "BatchNormalization": convert_batch_norm, "LRN": convert_lrn,
     "MatMul": convert_matmul, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
-    "AveragePool": convert_avgpool, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
+    "AveragePool": convert_avgpool, "LpPool": convert_lp_pool, "LpNormalization": convert_lp_normalization, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
 })
 CHECKS = {"BatchNormalization": batch_norm_unsupported, "MaxPool": maxpool_unsupported}

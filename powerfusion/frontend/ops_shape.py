@@ -200,7 +200,9 @@ def convert_space_to_depth(cx: NodeCtx):
     if h % bs or w % bs:
         cx.fail(f"spatial size {(h, w)} is not a multiple of blocksize {bs}")
     r = cx.reshape(cx.inp(0), (n, c, h // bs, bs, w // bs, bs))
-    t = cx.transpose(r, (0, 3, 5, 1, 2, 4))
+    # DCR (the only order before opset 28): blocks outside channels; CRD: channels outside
+    perm = (0, 1, 3, 5, 2, 4) if cx.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    t = cx.transpose(r, perm)
     cx.reshape(t, (n, c * bs * bs, h // bs, w // bs), out=cx.out())
 
 

@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 
 from powerfusion.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
-                                        Partition, Reduce, Subgraph, TypedMatMul)
+                               OnnxFallback, Partition, Reduce, Subgraph, TypedMatMul)
 from powerfusion.targets.specs import get_target
 from powerfusion.scalar import scalar_fn
 
@@ -78,8 +78,8 @@ def has_gir_template(graph: BasicGraph, node: BasicNode) -> bool:
 def is_library(graph: BasicGraph, node: BasicNode, target: str) -> bool:
     if not isinstance(node.op, LIBRARY_OPS):
         return False
-    if isinstance(node.op, TypedMatMul):  # only a typed GEMM runs a low-bit weight: even as a GEMV
-        return True
+    if isinstance(node.op, (TypedMatMul, OnnxFallback)):  # only a typed GEMM runs a low-bit weight;
+        return True                                        # only onnxruntime a fallback node
     dtype = np.dtype(graph.tensors[node.inputs[0]].dtype).name
     intensity = node_flops(graph, node) / max(node_bytes(graph, node), 1)
     return intensity > get_target(target).ridge_point(dtype) or not has_gir_template(graph, node)

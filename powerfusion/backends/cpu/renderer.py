@@ -75,8 +75,8 @@ class CPURenderer(CRenderer):
     def scalar(self, fn: str, params: dict, operands: list[str], out_dtype: str) -> str:
         # C integer division by zero traps (SIGFPE ends the process); the GIR executor refuses a
         # zero divisor with a DataError, as onnxruntime does, so such a subgraph stays there
-        if fn == "div" and not out_dtype.startswith(("float", "bfloat")):
-            raise RenderError(f"integer division ({out_dtype}) runs on the GIR executor, which checks the divisor")
+        if fn in ("div", "rem", "mod") and not out_dtype.startswith(("float", "bfloat")):
+            raise RenderError(f"integer {fn} ({out_dtype}) runs on the GIR executor, which checks the divisor")
         return super().scalar(fn, params, operands, out_dtype)
 
     def render(self, graph: GIRGraph) -> list[KernelSource]:
