@@ -234,6 +234,9 @@ def _importable(module: str) -> bool:
 
 # ---- results ----------------------------------------------------------------------------
 def git_commit() -> str:
+    # a copy of the tree (the GPU machine's) may carry a stale .git: the runner's word wins
+    if os.environ.get("POWERFUSION_GIT_COMMIT"):
+        return os.environ["POWERFUSION_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent, timeout=10)
@@ -241,8 +244,7 @@ def git_commit() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    # the GPU machine gets a copy of the tree without .git; the runner passes the commit in
-    return os.environ.get("POWERFUSION_GIT_COMMIT", "unknown")
+    return "unknown"
 
 
 def run_metadata(**extra) -> dict:

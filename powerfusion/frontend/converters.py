@@ -200,9 +200,11 @@ def cpu_only_nodes(graph: BasicGraph) -> list[tuple[str, str, int, str]]:
     """Basic nodes only the CPU executor runs (onnxruntime fallback nodes; tensors of the
     Cast-only element types, which the C backends have no types for), as UnsupportedOpError
     entries naming their ONNX nodes, once per node."""
-    from powerfusion.basic import OnnxFallback
+    from powerfusion.basic import OnnxFallback, TypedMatMul
     out, seen = [], set()
     for n in graph.nodes:
+        if isinstance(n.op, TypedMatMul):
+            continue   # packed low-bit weights: the typed GEMM kernels take them on every target
         dtypes = {np.dtype(graph.tensors[t].dtype) for t in n.inputs + n.outputs}
         exotic = sorted(d.name for d in dtypes & CAST_ONLY_DTYPES)
         if isinstance(n.op, OnnxFallback):

@@ -125,11 +125,11 @@ def run_cuda_poisoned(model: onnx.ModelProto, feeds: dict, key: str) -> dict:
     compile_partition = cuda_session.compile_partition
     plan = plan_store().load(key)
 
-    def precompiled(graph, part, target):
+    def precompiled(graph, part, target, **kw):
         if plan is not None and target == plan.target and _signature(graph.inputs) == _signature(plan.graph.inputs) \
                 and _signature(graph.outputs) == _signature(plan.graph.outputs):
             return plan
-        return compile_partition(graph, part, target)
+        return compile_partition(graph, part, target, **kw)
 
     with mock.patch.object(cuda_session, "compile_partition", precompiled):
         sess = InferenceSession(model, target="cuda")
