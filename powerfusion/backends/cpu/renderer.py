@@ -42,6 +42,10 @@ static inline float pf_int_as_float(uint32_t b) { float f; memcpy(&f, &b, 4); re
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* ONNX max/min/Relu/Clip propagate NaN (C's fmaxf/fminf drop it); Python-style float Mod */
+static inline float pf_fmaxf(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+static inline float pf_fminf(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+static inline float pf_floor_modf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 /* floored division and modulo (GIR semantics); divisors are positive constants */
 static inline long long pf_floordiv(long long a, long long b) { long long q = a / b; return q - ((a % b) < 0); }
 static inline long long pf_mod(long long a, long long b) { long long r = a % b; return r + (r < 0 ? b : 0); }
@@ -77,7 +81,10 @@ class CPURenderer(CRenderer):
         # zero divisor with a DataError, as onnxruntime does, so such a subgraph stays there
         if fn in ("div", "rem", "mod") and not out_dtype.startswith(("float", "bfloat")):
             raise RenderError(f"integer {fn} ({out_dtype}) runs on the GIR executor, which checks the divisor")
-        return super().scalar(fn, params, operands, out_dtype)
+        if fn == "floor_mod":
+            return f"pf_floor_modf({operands[0]}, {operands[1]})"
+        text = super().scalar(fn, params, operands, out_dtype)
+        return text.replace("fmaxf(", "pf_fmaxf(").replace("fminf(", "pf_fminf(")
 
     def render(self, graph: GIRGraph) -> list[KernelSource]:
         if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:
