@@ -8,6 +8,10 @@ reads `powerfusion.options.current()`. Change settings for a block of code with
 
 Known environment variables: POWERFUSION_CACHE_DIR, POWERFUSION_VERBOSE,
 POWERFUSION_TARGET, POWERFUSION_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix).
+
+`fp32_matmul` picks how a CUDA session runs fp32 MatMul / Gemm / Conv (docs/ape.md): "fp32"
+(default, cuBLAS SGEMM) or one of Ape's emulations on tensor cores, "auto", "fp32-f",
+"fp32-t", "fp32-b". The CPU target accepts and ignores it (with a one-time note).
 """
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from powerfusion.errors import PowerFusionError
+
+# the values of `fp32_matmul`: powerfusion.ape.MODES (not imported here: options load first)
+FP32_MATMUL_MODES = ("fp32", "auto", "fp32-f", "fp32-t", "fp32-b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,12 @@ class Options:
     memory_limit: int = 0
     precision: object = "fp32"  # "fp32" | "fp16" | "bf16" | powerfusion.precision.AmpConfig (AMP rewrite)
     fallback: str | None = None  # "onnxruntime": unsupported nodes run through it (cpu target)
+    fp32_matmul: str = "fp32"  # cuda target: fp32 GEMMs as SGEMM or through Ape (FP32_MATMUL_MODES)
+
+    def __post_init__(self):
+        if self.fp32_matmul not in FP32_MATMUL_MODES:
+            raise PowerFusionError(f"option fp32_matmul={self.fp32_matmul!r} is not one of "
+                                   f"{', '.join(repr(m) for m in FP32_MATMUL_MODES)}")
 
     def replace(self, **changes) -> "Options":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

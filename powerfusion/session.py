@@ -135,6 +135,7 @@ class InferenceSession:
             with _timed(say, f"compile for {backend}"):
                 self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
         else:
+            _note_fp32_matmul_ignored(self.options)
             with _timed(say, "lower to GIR for cpu"):
                 # "cpu" runs generated C; "cpu-reference" the numpy reference (the fast GIR executor)
                 self.cpu_plan = compile_cpu_plan(self.partition, native=self.target.lower() != "cpu-reference")
@@ -364,6 +365,23 @@ def _runtime_executor(entry, partition: Partition, opts) -> Executor:
             f"the {entry.name} target is not available here ({e}). It needs {entry.requires}; "
             "use target='cpu' otherwise.") from None
     return make_executor(partition, opts)
+
+
+class Fp32MatmulIgnoredNote(UserWarning):
+    """`fp32_matmul` was set for a target that always computes fp32 GEMMs exactly (CPU)."""
+
+
+_FP32_MATMUL_NOTED: list[bool] = []
+
+
+def _note_fp32_matmul_ignored(opts) -> None:
+    """The CPU target accepts `fp32_matmul` (it may come from process-wide options meant for
+    CUDA sessions) and ignores it: its GEMMs are numpy's. Said once per process."""
+    if opts.fp32_matmul != "fp32" and not _FP32_MATMUL_NOTED:
+        _FP32_MATMUL_NOTED.append(True)
+        import warnings
+        warnings.warn(f"fp32_matmul={opts.fp32_matmul!r} applies to the CUDA target only; the CPU target "
+                      "computes fp32 MatMul / Gemm / Conv exactly and ignores it", Fp32MatmulIgnoredNote, stacklevel=3)
 
 
 # ---- the CPU executor -------------------------------------------------------------

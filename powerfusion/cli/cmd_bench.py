@@ -2,7 +2,7 @@
 trtexec's manner (warm-up, then at least --iterations runs and --duration seconds)."""
 from __future__ import annotations
 
-from powerfusion.cli.common import add_model_arguments, load_or_make_inputs, make_session, progress
+from powerfusion.cli.common import add_fp32_matmul_argument, add_model_arguments, load_or_make_inputs, make_session, progress
 
 HELP = "benchmark a model: latency percentiles, device time, throughput, per-step profile"
 
@@ -17,6 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", action="store_true", help="per-step table: time, share, bytes, fraction of copy bandwidth")
     p.add_argument("--export-json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--export-trace", metavar="FILE", help="write a Chrome trace (opens in Perfetto / chrome://tracing)")
+    add_fp32_matmul_argument(p)
 
 
 def main(args) -> int:

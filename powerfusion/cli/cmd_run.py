@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 
-from powerfusion.cli.common import Timer, add_model_arguments, load_or_make_inputs, make_session, progress, summarize
+from powerfusion.cli.common import (Timer, add_fp32_matmul_argument, add_model_arguments, load_or_make_inputs,
+                                    make_session, progress, summarize)
 
 HELP = "run a model on given or seeded random inputs and print output summaries"
 
@@ -18,6 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--fallback", choices=("onnxruntime",),
                    help="run nodes PowerFusion does not support through onnxruntime on the CPU (cpu target; "
                         "a warning names them)")
+    add_fp32_matmul_argument(p)
 
 
 def main(args) -> int:

@@ -31,6 +31,20 @@ def add_model_arguments(p: argparse.ArgumentParser, target: bool = True) -> None
                        help="cpu (default), cuda, hip, mlu or a device name (a100, h100, h200, mi100, mi250, mlu370)")
 
 
+def add_fp32_matmul_argument(p: argparse.ArgumentParser) -> None:
+    from powerfusion.options import FP32_MATMUL_MODES
+    p.add_argument("--fp32-matmul", choices=FP32_MATMUL_MODES, default=None, metavar="MODE",
+                   help="cuda target: fp32 MatMul / Gemm / Conv as exact SGEMM ('fp32', the default) or "
+                        "emulated on tensor cores by Ape ('auto', 'fp32-f', 'fp32-t', 'fp32-b'; docs/ape.md); "
+                        "the cpu target ignores it")
+
+
+def flag_options(args) -> dict:
+    """The InferenceSession options set by a command's flags (--fp32-matmul)."""
+    mode = getattr(args, "fp32_matmul", None)
+    return {} if mode is None else {"fp32_matmul": mode}
+
+
 def progress(message: str) -> None:
     if options.current().verbose >= 1:
         print(f"[powerfusion] {message}", file=sys.stderr, flush=True)
@@ -78,7 +92,7 @@ def make_session(args, target: str | None = None, session_options: dict | None =
         if fallback:
             session_options = {**(session_options or {}), "fallback": fallback}
         sess = InferenceSession(args.model, target=target, shapes=parse_shapes(args.shapes),
-                                options=session_options)
+                                options={**flag_options(args), **(session_options or {})})
     if sess.partition is not None:
         progress(f"prepared in {t.seconds:.2f} s: {len(sess.partition.library_calls)} library calls, "
                  f"{len(sess.partition.subgraphs)} memory-bound subgraphs")

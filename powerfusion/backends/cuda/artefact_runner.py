@@ -137,6 +137,9 @@ def _scratch(folder, entries: list) -> dict:
 
 
 def make_artefact_executor(artefact, options):
+    if getattr(options, "fp32_matmul", "fp32") != "fp32":   # its GEMMs are CuPy's, not routed through Ape
+        raise PowerFusionError(f"fp32_matmul={options.fp32_matmul!r} needs a session built from the .onnx file; "
+                               f"the compiled folder '{artefact.folder}' runs its GEMMs as exact fp32 only")
     try:
         import cupy
     except ImportError as e:

@@ -22,7 +22,7 @@ def cupy_dtype(dt) -> np.dtype:
 
 
 class CudaPlanRunner:
-    def __init__(self, plan: Plan, cuda_graph: bool = False, device_id: int = 0):
+    def __init__(self, plan: Plan, cuda_graph: bool = False, device_id: int = 0, fp32_matmul: str = "fp32"):
         import cupy
         self.device_id = device_id
         from powerfusion.backends.cuda.executor import GIRExecutor
@@ -57,6 +57,14 @@ class CudaPlanRunner:
         self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
+        from powerfusion.backends.cuda import ape_route
+        self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
+
+    @property
+    def library_routes(self) -> dict[str, str]:
+        """Library call -> how its fp32 GEMMs ran ("ape <mode>: ..." or "cublas: <why>"); empty
+        with fp32_matmul="fp32" (everything on cuBLAS)."""
+        return {} if self._ape is None else self._ape.routes
 
     def _plan_tensors(self, cupy) -> dict:
         g, steps = self.graph, self.plan.steps
@@ -122,13 +130,14 @@ class CudaPlanRunner:
             if not blas.available():
                 return False
             self._blas = blas.Blas()
-        self._blas.bind(cupy.cuda.get_current_stream())
+        gemm = self._blas if self._ape is None else self._ape.for_node(node.name, self._blas)
+        gemm.bind(cupy.cuda.get_current_stream())
         if isinstance(node.op, MatMul):
-            return self._blas.gemm_into(ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b,
-                                        logical_dtype=logical)
+            return gemm.gemm_into(ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b,
+                                  logical_dtype=logical)
         if isinstance(node.op, Conv):
             op = node.op
-            return library.conv_into(self._blas, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._cols,
+            return library.conv_into(gemm, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._cols,
                                      strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
                                      dilations=op.dilations, group=op.group, logical_dtype=logical)
         return False
@@ -141,7 +150,7 @@ class CudaPlanRunner:
             return True
         node = s.call.node
         if node.name in self._direct:
-            return True
+            return self._ape is None or self._ape.capturable(node.name)
         return isinstance(node.op, TypedMatMul) and self.typed[node.name][0].fused
 
     def _run_typed(self, node, env) -> None:
@@ -273,6 +282,8 @@ class CudaPlanRunner:
             with capture:
                 if self._blas is not None:
                     self._blas.bind(capture)   # before the capture: binding is not a stream operation
+                if self._ape is not None:
+                    self._ape.bind(capture)
                 capture.begin_capture()
                 self._run_steps(steps)
                 pieces.append(("graph", capture.end_capture()))
@@ -368,4 +379,5 @@ def make_executor(partition: Partition, options):
         plan = compile_partition(partition.graph, partition, partition.target, progress=say)
         if say:
             say("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
-        return CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)), device_id=device_id)
+        return CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)), device_id=device_id,
+                              fp32_matmul=getattr(options, "fp32_matmul", "fp32"))
