@@ -3,8 +3,8 @@
     sess = InferenceSession("model.onnx")            # target "cpu" by default
     [y] = sess.run(None, {"x": x})
 
-The model is imported to basic ops and partitioned once, at construction. On the CPU
-target every memory-bound subgraph is also lowered to GIR, rewritten and compiled to C then
+The model goes through the compile pipeline once, at construction (pipeline/driver.py). On the
+CPU target every memory-bound subgraph is lowered to GIR, rewritten and compiled to C then
 (backends/cpu/), and the partition runs step by step: library calls (MatMul, Conv) through numpy
 (TypedMatMul through ttile's MatMulNBits reference / an ONNX DequantizeLinear),
 memory-bound subgraphs through their generated C (target "cpu") or their rewritten GIR graph
@@ -29,7 +29,9 @@ from powerfusion.backends import registry
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, OnnxFallback, Partition, Subgraph,
                                TensorInfo, TypedMatMul)
-from powerfusion.backends.cpu.session import BasicFallbackWarning, CpuPlan, compile_cpu_plan  # noqa: F401
+from powerfusion.backends.cpu.session import (CPU_SESSION_TARGET, BasicFallbackWarning,  # noqa: F401
+                                              CpuPlan, compile_cpu_plan, failure)
+from powerfusion.pipeline.driver import CompileOptions, Observer, compile
 
 # An executor maps feeds (validated, by graph input name) to a dict holding at least
 # every graph output; the CPU one returns every tensor it computed.
@@ -92,8 +94,6 @@ class InferenceSession:
         self._lock = threading.Lock()   # one run at a time per session: runs share one arena
 
     def _build(self, model, target: str, shapes) -> None:
-        from powerfusion.frontend import import_model
-        from powerfusion.frontend.partition import partition_graph as partition
         from powerfusion.targets.specs import get_target
 
         self.target = target
@@ -119,27 +119,32 @@ class InferenceSession:
             model = apply_precision(load_model(model, shapes), self.options.precision, self.target)
             self._model = model
         say = _progress(self.options)
-        with _timed(say, "import"):
-            self.graph: BasicGraph = import_model(model, shapes=shapes, fallback=self.options.fallback)
+        steps = _BuildSteps(say, backend)
         if backend != "cpu":
-            from powerfusion.errors import UnsupportedOpError
-            from powerfusion.frontend.converters import cpu_only_nodes
-            declined = cpu_only_nodes(self.graph)
-            if declined:
-                raise UnsupportedOpError(declined)
-        with _timed(say, "partition"):
-            self.partition: Partition = partition(self.graph, target=self.target)
-        say(f"{len(self.partition.library_calls)} library call(s), {len(self.partition.subgraphs)} "
-            f"memory-bound subgraph(s)")
-        if backend != "cpu":
-            with _timed(say, f"compile for {backend}"):
-                self._executor: Executor = _runtime_executor(entry, self.partition, self.options)
+            make_executor = _runtime(entry)
+            detail = say if self.options.verbose >= 2 else None   # -vv: each subgraph as the search reaches it
+            plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
+                                                              progress=detail), (steps,))
+            steps.done(f"compile for {backend}")
+            if detail:
+                detail("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
+            self._executor: Executor = make_executor(plan, self.options)
         else:
             _note_fp32_matmul_ignored(self.options)
-            with _timed(say, "lower to GIR for cpu"):
-                # "cpu" runs generated C; "cpu-reference" the numpy reference (the fast GIR executor)
-                self.cpu_plan = compile_cpu_plan(self.partition, native=self.target.lower() != "cpu-reference")
+            # every subgraph's default plan, rewritten, for the CPU session's spec; a subgraph the
+            # pipeline cannot compile runs on the basic-op executor (named, warned)
+            failed = _Failures()
+            plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
+                                                              choose="default", render=False,
+                                                              plan_target=CPU_SESSION_TARGET, keep_going=True,
+                                                              zero_size="keep"),
+                           (steps, failed))
+            # "cpu" runs generated C; "cpu-reference" the numpy reference (the fast GIR executor)
+            self.cpu_plan = compile_cpu_plan(plan, failed.reasons, native=self.target.lower() != "cpu-reference")
+            steps.done("lower to GIR for cpu")
             self._executor = self._run_cpu
+        self.graph: BasicGraph = plan.graph
+        self.partition: Partition = plan.partition
 
     def _build_from_artefact(self, folder, backend: str) -> None:
         from powerfusion.artefact import load_artefact
@@ -355,16 +360,64 @@ def _describe(t: TensorInfo) -> str:
     return f"'{t.name}' {tuple(t.shape)} {np.dtype(t.dtype).name}"
 
 
-def _runtime_executor(entry, partition: Partition, opts) -> Executor:
-    """A GPU backend's registered runtime, `make_executor(partition, options) -> Executor`; its
-    dependencies (a GPU library such as CuPy) are optional installs."""
+def _runtime(entry):
+    """A backend's registered runtime, `make_executor(plan, options) -> Executor`, checked to
+    run here before the model is compiled; its dependencies (a GPU library such as CuPy) are
+    optional installs."""
     try:
         make_executor = entry.load_runtime()
+        entry.check_runtime()
     except ImportError as e:
         raise PowerFusionError(
             f"the {entry.name} target is not available here ({e}). It needs {entry.requires}; "
             "use target='cpu' otherwise.") from None
-    return make_executor(partition, opts)
+    return make_executor
+
+
+class _BuildSteps(Observer):
+    """The build steps' seconds as each ends (at verbose >= 1), and a progress bar over the
+    subgraphs as the pipeline lowers them for the CPU."""
+
+    def __init__(self, say, backend: str):
+        self.say, self.backend, self.start, self.bar = say, backend, time.perf_counter(), None
+
+    def _seconds(self) -> float:
+        """Seconds since the previous step ended (or the build began)."""
+        now = time.perf_counter()
+        seconds, self.start = now - self.start, now
+        return seconds
+
+    def imported(self, graph) -> None:
+        self.say(f"import: {self._seconds():.2f} s")
+
+    def partitioned(self, partition) -> None:
+        self.say(f"partition: {self._seconds():.2f} s")
+        self.say(f"{len(partition.library_calls)} library call(s), {len(partition.subgraphs)} memory-bound subgraph(s)")
+        if self.backend == "cpu":   # (the CUDA search shows its own bar per subgraph)
+            from powerfusion.progress import progress_bar
+            self.bar = progress_bar(total=len(partition.subgraphs), desc="lowering to GIR", unit="subgraph")
+
+    def chosen(self, sub, choice) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def failed(self, sub, stage, error) -> None:
+        self.chosen(sub, None)
+
+    def done(self, step: str) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.say(f"{step}: {self._seconds():.2f} s")
+
+
+class _Failures(Observer):
+    """Why the pipeline could not compile a subgraph, by subgraph name."""
+
+    def __init__(self):
+        self.reasons: dict[str, str] = {}
+
+    def failed(self, sub, stage, error) -> None:
+        self.reasons[sub.name] = failure(error)
 
 
 class Fp32MatmulIgnoredNote(UserWarning):
@@ -412,7 +465,7 @@ def _execute_steps(partition: Partition, env: dict, profile: list | None, plan: 
             inputs = [env[i] for i in node.inputs]
             got = plan.run_library(node, inputs) if plan is not None else None
             env[out.name] = got if got is not None else run_library_op(node.op, inputs, out.dtype)
-        elif plan is not None:
+        elif plan is not None and plan.runs(step, graph):
             plan.run(step, env, graph)
         else:
             execute_subgraph(step, env, graph)

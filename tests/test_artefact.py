@@ -96,8 +96,9 @@ def test_compiled_folder_runs_in_a_fresh_process_without_search(compiled, tmp_pa
     np.save(tmp_path / "x.npy", x)
     script = (
         "import sys, numpy as np, powerfusion, powerfusion.compiler as c, powerfusion.pipeline.search as s\n"
+        "import powerfusion.pipeline.driver as d, powerfusion.session as ps\n"
         "def no(*a, **k): raise SystemExit('search ran')\n"
-        "c.compile_partition = c.compile_model = s.choose_plan = no\n"
+        "d.compile = ps.compile = c.compile_model = s.choose_plan = no\n"
         f"sess = powerfusion.InferenceSession({str(out)!r}, providers=['CUDAExecutionProvider'])\n"
         f"y = sess.run(None, {{sess.get_inputs()[0].name: np.load({str(tmp_path / 'x.npy')!r})}})[0]\n"
         f"np.save({str(tmp_path / 'y.npy')!r}, y)\n")

@@ -24,10 +24,12 @@ FORBIDDEN = {
     "perfmodel": {"backends", "frontend", "cli", "session", "compiler", "pipeline", "viz", "runtime"},
     "frontend": {"backends", "gir", "templates", "rewrite"},
 }
-# package cycles still present; the one pipeline function removes them (the sessions and the
-# CUDA runtime drive compiler.py themselves). Listed so that no new one appears unnoticed and
-# a removed one is struck from this list.
-KNOWN_PACKAGE_CYCLES = [{"backends.cuda", "compiler", "pipeline"}, {"backends.cpu", "session"}]
+# package cycles still present, listed so that no new one appears unnoticed and a removed one
+# is struck from this list (none since every driver runs pipeline/driver.py)
+KNOWN_PACKAGE_CYCLES: list[set[str]] = []
+# the pipeline's steps after the import (partition -> templates + merge -> rewrite): only the
+# pipeline package calls more than one of them (pipeline/driver.py, choose.py, search.py)
+PIPELINE_STEPS = {"partition_graph", "lower_subgraph", "optimise"}
 
 
 def _modules() -> dict[str, Path]:
@@ -96,7 +98,7 @@ def _allowed(src: str, dst: str) -> bool:
 
 def test_scan_sees_function_level_imports():
     """The scan is only as good as its reading: a known function-level import must be found."""
-    assert ("powerfusion.pipeline.inspect", "powerfusion.frontend.partition") in EDGES
+    assert ("powerfusion.pipeline.driver", "powerfusion.frontend.partition") in EDGES
 
 
 @pytest.mark.parametrize("package", ["gir", *sorted(FORBIDDEN), *sorted(GROUND), REGISTRY])
@@ -113,3 +115,23 @@ def test_no_new_package_cycle():
     gone = [sorted(c) for c in KNOWN_PACKAGE_CYCLES if c not in cycles]
     assert not new, f"new package import cycle(s): {new}"
     assert not gone, f"cycle(s) no longer present, strike them from KNOWN_PACKAGE_CYCLES: {gone}"
+
+
+def _called(path: Path) -> set[str]:
+    """Functions a module calls by name or attribute, or imports by name (under any alias)."""
+    calls = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            calls.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+        elif isinstance(node, ast.ImportFrom):
+            calls |= {a.name for a in node.names}
+    return calls
+
+
+def test_one_pipeline_driver():
+    """No module outside the pipeline package chains two of the pipeline's steps (docs/design.md):
+    compile, the sessions, inspect and the visualiser run pipeline.compile and observe it."""
+    chains = {m: sorted(_called(p) & PIPELINE_STEPS) for m, p in MODULES.items() if package_of(m) != "pipeline"}
+    bad = {m: steps for m, steps in chains.items() if len(steps) > 1}
+    assert not bad, f"modules that drive the pipeline themselves: {bad}"

@@ -169,11 +169,11 @@ def test_structurally_equal_models_keep_their_own_constants():
 
 
 def test_fallback_to_the_basic_op_executor_is_named_and_warned():
-    from powerfusion.backends.cpu import session as cpu
+    from powerfusion.pipeline import choose
     from powerfusion.templates.merge import LowerError
     from powerfusion.frontend import numpy_exec
     reason = "no GIR template fits basic op n0 (for this test)"
-    with mock.patch.object(cpu, "choose_default_plan", side_effect=LowerError(reason)):
+    with mock.patch.object(choose, "choose_default", side_effect=LowerError(reason)):
         with pytest.warns(BasicFallbackWarning, match="runs on the basic-op executor, not as GIR: LowerError: no GIR"):
             s = InferenceSession(mlp_model())
     assert set(s.subgraph_paths.values()) == {"basic"}

@@ -21,7 +21,8 @@ class Backend:
     extension: str | None = None        # file extension of rendered kernels; None: renders no files
     renderer: str | None = None         # "module:Class": GIR graph -> list[KernelSource]
     toolchain: str = ""                 # what compiles the rendered source (documentation, CLI help)
-    runtime: str | None = None          # "module:function" (partition, options) -> executor; None: compile only
+    runtime: str | None = None          # "module:function" (compiled plan, options) -> executor; None: compile only
+    runtime_check: str | None = None    # "module:function" raising where the runtime cannot run here
     requires: str = ""                  # what running needs, for the error when its runtime is missing
     cost_hooks: str | None = None       # module with streamed_ops(graph, ops, registers_per_lane), vector_copy(src, dst, lanes)
     render_in_search: bool = False      # the search renders each candidate to reject layouts early
@@ -34,6 +35,11 @@ class Backend:
     def load_runtime(self):
         return _load(self.runtime) if self.runtime else None
 
+    def check_runtime(self) -> None:
+        """Raise (a PowerFusionError) where this runtime cannot run here, before anything is compiled."""
+        if self.runtime_check:
+            _load(self.runtime_check)()
+
     def load_cost_hooks(self):
         return importlib.import_module(self.cost_hooks) if self.cost_hooks else None
 
@@ -44,6 +50,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             runtime="powerfusion.backends.cpu.session:compile_cpu_plan"),
     Backend("cuda", ".cu", "powerfusion.backends.cuda.renderer:CUDARenderer", "NVRTC / nvcc",
             runtime="powerfusion.backends.cuda.session:make_executor",
+            runtime_check="powerfusion.backends.cuda.session:check_available",
             requires="an NVIDIA GPU and CuPy (pip install 'powerfusion[cuda]')",
             cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024),
     Backend("hip", ".hip", "powerfusion.backends.hip.renderer:HIPRenderer", "hipcc",

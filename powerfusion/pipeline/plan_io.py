@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from powerfusion.compiler import KernelStep, LibraryStep, Plan
+from powerfusion.plan import KernelStep, LibraryStep, Plan
 from powerfusion.gir.ir import Level
 
 

@@ -1,7 +1,8 @@
 """The one place that knows the compiler's APIs: turns a model or a compiled Plan into
 `SubgraphRun`s, the visualiser's own view of a memory-bound subgraph's history.
 
-If the lowering, rewriting, compile or backend APIs change, only this file changes.
+Everything it shows is built by the compile pipeline (pipeline/driver.py), observed; if the
+pipeline's or a backend's API changes, only this file changes.
 A subgraph that fails at some stage keeps what was computed before the failure and
 the error text: the visualiser is a debugging tool, so a failure is something to show,
 not a reason to show nothing.
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from powerfusion.gir.expr import U
 from powerfusion.gir.ir import GIRGraph, Parallel
+from powerfusion.pipeline.driver import CompileOptions, Observer, compile, front
 
 
 @dataclass(frozen=True)
@@ -85,49 +87,61 @@ def _template_graphs(sub, graph, target, merged: GIRGraph) -> tuple[TemplateChoi
     return tuple(out)
 
 
-def _render(renderer, final: GIRGraph):
-    return tuple(renderer.render(final)) if renderer is not None else ()
+# the pipeline's step names (pipeline/driver.py) as the view names where a subgraph failed
+FAILED_AT = {"templates": "lower", "merge": "lower", "rewrite": "rewrite", "render": "codegen"}
 
 
-def _renderer(target: str):
-    from powerfusion.targets.specs import get_target
-    from powerfusion.backends.registry import backend
-    return backend(get_target(target).backend).load_renderer()
+class _Recorder(Observer):
+    """What the pipeline built for one subgraph, up to where it failed."""
+
+    def __init__(self):
+        self.merged_graph = self.choice = self.error = self.stage = None
+        self.kernels = ()
+
+    def merged(self, sub, merged) -> None:
+        self.merged_graph = merged
+
+    def chosen(self, sub, choice) -> None:
+        self.choice = choice
+
+    def rendered(self, sub, kernels) -> None:
+        self.kernels = tuple(kernels)
+
+    def failed(self, sub, stage, error) -> None:
+        self.stage, self.error = stage, error
 
 
-def run_subgraph(sub, graph, target: str, renderer=None) -> SubgraphRun:
-    """Lower with the default template choice, rewrite, render; stop (and record) at a failure."""
-    from powerfusion.templates.merge import lower_subgraph
-    from powerfusion.rewrite import optimise
-    try:
-        merged = lower_subgraph(sub, graph, None, target)
-    except Exception as e:  # noqa: BLE001 -- shown to the user in the view
-        return SubgraphRun(sub, error=_text(e), failed_at="lower")
+def run_subgraph(sub, graph, target: str, codegen: bool = True) -> SubgraphRun:
+    """The default template choice merged, rewritten, rendered (the compile pipeline with
+    choose="fewest-kernels" of one plan); a failure stops it and is recorded with its stage."""
+    from powerfusion.basic import Partition
+    rec = _Recorder()
+    compile(Partition(graph, target, [sub]), target,
+            CompileOptions(choose="fewest-kernels", render=codegen, keep_going=True, zero_size="keep"), (rec,))
+    merged = rec.merged_graph
+    if merged is None:
+        if rec.error is None:
+            return SubgraphRun(sub, note="every output has no elements: nothing to compute")
+        return SubgraphRun(sub, error=_text(rec.error), failed_at=FAILED_AT.get(rec.stage, rec.stage))
     templates = _template_graphs(sub, graph, target, merged)
-    try:
-        final, trace = optimise(merged)
-    except Exception as e:  # noqa: BLE001
-        return SubgraphRun(sub, templates, merged, error=_text(e), failed_at="rewrite")
-    trace = _rule_steps(trace)
+    if rec.choice is None:
+        return SubgraphRun(sub, templates, merged, error=_text(rec.error), failed_at=FAILED_AT.get(rec.stage, rec.stage))
+    final, trace = rec.choice.graph, _rule_steps(rec.choice.trace)
     merged = _numbered(merged, trace, final)
-    try:
-        kernels = _render(renderer, final)
-    except Exception as e:  # noqa: BLE001
-        return SubgraphRun(sub, templates, merged, trace, final, error=_text(e), failed_at="codegen")
-    return SubgraphRun(sub, templates, merged, trace, final, kernels)
+    if rec.error is not None:
+        return SubgraphRun(sub, templates, merged, trace, final, error=_text(rec.error),
+                           failed_at=FAILED_AT.get(rec.stage, rec.stage))
+    return SubgraphRun(sub, templates, merged, trace, final, rec.kernels)
 
 
 def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, progress=None,
                search: bool = True, timeout: float | None = None) -> ModelRun:
-    """Import and partition; then each subgraph as `powerfusion compile` would build it (its
-    perf-model search, when `search`), isolated so that one failure does not hide the rest,
-    and within `timeout` seconds each where given (budget.py)."""
-    from powerfusion.frontend import import_model
-    from powerfusion.frontend.partition import partition_graph  # the module shadows frontend.partition
+    """Import and partition (the pipeline's first steps); then each subgraph as `powerfusion
+    compile` would build it (its perf-model search, when `search`), isolated so that one
+    failure does not hide the rest, and within `timeout` seconds each where given (budget.py)."""
     from powerfusion.viz.budget import run_all
-    graph = import_model(model, shapes)
-    part = partition_graph(graph, target)
-    renderer = _renderer(target) if codegen else None
+    part = front(model, target, CompileOptions(shapes=shapes, cpu_only_nodes="keep"))
+    graph = part.graph
     subs = part.subgraphs
 
     def work(sub):
@@ -135,7 +149,7 @@ def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, p
             progress(f"subgraph {subs.index(sub) + 1}/{len(subs)}: {sub.name} ({len(sub.nodes)} basic ops)")
         run, note = _compiled(sub, graph, part, target, codegen) if search else (None, None)
         if run is None:
-            run = run_subgraph(sub, graph, target, renderer)
+            run = run_subgraph(sub, graph, target, codegen)
             if note:
                 run = replace(run, note=note)
         return run
@@ -153,28 +167,14 @@ def from_model(model, shapes=None, target: str = "cuda", codegen: bool = True, p
 
 def _compiled(sub, graph, part, target: str, codegen: bool) -> tuple[SubgraphRun | None, str | None]:
     """(the compile pipeline's result for one subgraph, or None and why not)."""
-    try:
-        from powerfusion.compiler import compile_partition
-    except ImportError:
-        return None, None
     from powerfusion.basic import Partition
     try:
-        plan = compile_partition(graph, Partition(graph, part.target, [sub]), target, codegen=codegen)
+        plan = compile(Partition(graph, part.target, [sub]), target, CompileOptions(render=codegen))
     except Exception as e:  # noqa: BLE001 -- the default-choice path below shows where it fails
         return None, f"the compile pipeline failed ({_text(e)}); showing the default template choice"
     run = from_plan(plan).runs[0]
-    note = _search_note(sub, graph, target)
+    note = plan.kernel_steps[0].note or None   # e.g. the search's time budget cut, rewrites rejected
     return (replace(run, note=note) if note else run), None
-
-
-def _search_note(sub, graph, target: str) -> str | None:
-    """The plan search's note (time budget cut, rewrites rejected): the compile above left
-    its decision in the plan cache, so this is a lookup, not a second search."""
-    try:
-        from powerfusion.pipeline.search import choose_plan
-        return choose_plan(sub, graph, target).note or None
-    except Exception:  # noqa: BLE001 -- the note is extra; the compiled run is shown anyway
-        return None
 
 
 def from_plan(plan) -> ModelRun:

@@ -121,17 +121,19 @@ def _signature(tensors) -> list:
 
 def run_cuda_poisoned(model: onnx.ModelProto, feeds: dict, key: str) -> dict:
     from powerfusion import InferenceSession
-    from powerfusion.backends.cuda import session as cuda_session
-    compile_partition = cuda_session.compile_partition
+    from powerfusion import session as session_module
+    from powerfusion.pipeline.driver import compile, front
     plan = plan_store().load(key)
 
-    def precompiled(graph, part, target, **kw):
+    def precompiled(model, target, options, observers=()):
+        part = front(model, target, options, observers)
+        graph = part.graph
         if plan is not None and target == plan.target and _signature(graph.inputs) == _signature(plan.graph.inputs) \
                 and _signature(graph.outputs) == _signature(plan.graph.outputs):
             return plan
-        return compile_partition(graph, part, target, **kw)
+        return compile(part, target, options, observers)
 
-    with mock.patch.object(cuda_session, "compile_partition", precompiled):
+    with mock.patch.object(session_module, "compile", precompiled):
         sess = InferenceSession(model, target="cuda")
     sess._executor.arena.fill(0xFF)  # every planned buffer: NaN in 16-bit floats, -1 in integers
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))

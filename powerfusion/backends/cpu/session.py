@@ -1,10 +1,11 @@
 """The CPU target's memory-bound subgraphs: rewritten GIR, run as generated C (target `cpu`)
 or on the fast GIR executor (target `cpu-reference`, the numpy reference).
 
-At session creation every memory-bound subgraph gets the plan that the compiler's search
-(pipeline.search) always rewrites first: the lowering's default template choice, matched for
-fusion, rewritten to a fixpoint and accepted by the same feasibility check (the verifier);
-where the rewrite is rejected, the merged graph runs as lowered, as in the search. The rest
+At session creation the compile pipeline (pipeline/driver.py, `choose="default"`) gives
+every memory-bound subgraph the plan that the compiler's search always rewrites first
+(pipeline/choose.py): the merge's default template choice, matched for fusion, rewritten to
+a fixpoint and accepted by the same feasibility check (the verifier); where the rewrite is
+rejected, the merged graph runs as lowered, as in the search. The rest
 of the search is not run: it ranks plans by a GPU-style performance model that says nothing
 about this executor, whose cost is the number of gOperators and the elements they touch,
 and enumerating the alternatives would double the lowering time.
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from powerfusion.basic import BasicGraph, Partition, Subgraph
+from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.fastexec import FastProgram
 from powerfusion.gir.ir import GIRGraph
 from powerfusion.targets.specs import get_target
@@ -112,18 +113,21 @@ class CpuPlan:
     def fallbacks(self) -> dict[str, str]:
         return {n: k.fallback for n, k in self.kernels.items() if k.fallback}
 
+    def runs(self, sub: Subgraph, graph: BasicGraph) -> bool:
+        """Whether `run` computes `sub`; else the basic-op executor does: a subgraph that could
+        not be lowered, or one with a zero-size input (GIR buffers hold at least one element;
+        the basic-op executor gives reductions over nothing their identities, as ONNX does)."""
+        if all(_empty(graph, t) for t in sub.outputs):
+            return True    # nothing to compute
+        return not (self.kernels[sub.name].gir is None or any(_empty(graph, t) for t in sub.inputs))
+
     def run(self, sub: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:
+        """Run a subgraph that `runs` here: its generated C, or the fast GIR executor."""
         k = self.kernels[sub.name]
         if all(_empty(graph, t) for t in sub.outputs):   # nothing to compute (as the compiler skips it)
             for t in sub.outputs:
                 info = graph.tensors[t]
                 env[t] = np.empty(tuple(info.shape), np.dtype(info.dtype))
-            return
-        if k.gir is None or any(_empty(graph, t) for t in sub.inputs):
-            # a zero-size input: GIR buffers hold at least one element; the basic-op executor
-            # gives reductions over nothing their identities, as ONNX does
-            from powerfusion.session import execute_subgraph
-            execute_subgraph(sub, env, graph)
             return
         feeds = {b: env[t] for b, t in k.inputs}
         shapes, fresh = self._outputs(k, graph)
@@ -141,30 +145,36 @@ def _empty(graph: BasicGraph, tensor: str) -> bool:
     return any(int(d) == 0 for d in graph.tensors[tensor].shape)
 
 
-def compile_cpu_plan(partition: Partition, native: bool = True) -> CpuPlan:
-    """Every subgraph's plan; with `native`, also its generated C, compiled and loaded."""
+def compile_cpu_plan(plan, failed: dict[str, str], native: bool = True) -> CpuPlan:
+    """The session's CpuPlan from the pipeline's `plan` (powerfusion.plan.Plan, each subgraph's
+    default plan chosen for CPU_SESSION_TARGET); `failed`: subgraph name -> why the pipeline
+    could not compile it. Those, and any that fail preparation here, run on the basic-op
+    executor. With `native`, every GIR graph's generated C is compiled and loaded too."""
     t0 = time.perf_counter()
-    from powerfusion.progress import progress_bar
-    g = partition.graph
-    subgraphs = progress_bar(partition.subgraphs, desc="lowering to GIR", unit="subgraph")
-    kernels = {s.name: CpuKernel(s, None, None, (), (), note="every output has zero elements: nothing to compute")
-               if all(_empty(g, t) for t in s.outputs) else compile_subgraph(s, g, fast=not native)
-               for s in subgraphs}
+    g, steps = plan.graph, {s.name: s for s in plan.kernel_steps}
+    kernels = {}
+    for sub in plan.partition.subgraphs:
+        if sub.name in steps:
+            kernels[sub.name] = prepare(steps[sub.name], g, fast=not native)
+        elif all(_empty(g, t) for t in sub.outputs):   # the pipeline skips it
+            kernels[sub.name] = CpuKernel(sub, None, None, (), (), note="every output has zero elements: nothing to compute")
+        else:
+            kernels[sub.name] = CpuKernel(sub, None, None, (), (), fallback=failed.get(sub.name, "not compiled"))
     for k in kernels.values():
         if k.fallback:
             warnings.warn(f"subgraph {k.subgraph.name} ({len(k.subgraph.nodes)} basic ops) runs on the basic-op "
                           f"executor, not as GIR: {k.fallback}", BasicFallbackWarning, stacklevel=3)
     if native:
         kernels = compile_native(kernels)
-    keep = frozenset(t.name for t in partition.graph.outputs)
+    keep = frozenset(t.name for t in g.outputs)
     library = {}
     if native:
         from powerfusion.backends.cpu.library import library_runner
         from powerfusion.basic import LibraryCall
-        for step in partition.steps:
-            if isinstance(step, LibraryCall) and (runner := library_runner(step.node, partition.graph)):
+        for step in plan.partition.steps:
+            if isinstance(step, LibraryCall) and (runner := library_runner(step.node, g)):
                 library[step.node.name] = runner
-    return CpuPlan(kernels, time.perf_counter() - t0, keep, library)
+    return CpuPlan(kernels, plan.timings.get("search", 0.0) + time.perf_counter() - t0, keep, library)
 
 
 def compile_native(kernels: dict[str, CpuKernel]) -> dict[str, CpuKernel]:
@@ -190,64 +200,25 @@ def compile_native(kernels: dict[str, CpuKernel]) -> dict[str, CpuKernel]:
     return out
 
 
-def compile_subgraph(sub: Subgraph, graph: BasicGraph, fast: bool = True) -> CpuKernel:
-    """Plan, rewrite and prepare one subgraph (`fast`: for the fast GIR executor); any failure
-    becomes a named fallback."""
+def prepare(step, graph: BasicGraph, fast: bool = True) -> CpuKernel:
+    """A compiled subgraph (a KernelStep) made ready to run (`fast`: for the fast GIR
+    executor); any failure becomes a named fallback."""
     from powerfusion.templates.merge import MergePlan
+    sub = step.subgraph
     try:
         names = MergePlan(sub, graph, CPU_SESSION_TARGET).names
-        choice = choose_default_plan(sub, graph)
-        gir = choice.graph
+        gir = step.gir
         inputs = tuple((names[t], t) for t in dict.fromkeys(sub.inputs) if t not in graph.constants)
         outputs = tuple((names[t], t) for t in dict.fromkeys(sub.outputs))
         if {b for b, _ in inputs} != set(gir.inputs) or [b for b, _ in outputs] != list(gir.outputs):
             raise RuntimeError(f"GIR interface {gir.inputs} -> {gir.outputs} does not match the subgraph's "
                                f"tensors {sub.inputs} -> {sub.outputs}")
         program = FastProgram(gir) if fast else None
-    except Exception as e:  # a lowering, rewrite or preparation failure: named fallback, never silent
-        return CpuKernel(sub, None, None, (), (), fallback=f"{type(e).__name__}: {e}"[:500])
-    return CpuKernel(sub, gir, program, inputs, outputs, note=choice.note)
+    except Exception as e:  # a preparation failure: named fallback, never silent
+        return CpuKernel(sub, None, None, (), (), fallback=failure(e))
+    return CpuKernel(sub, gir, program, inputs, outputs, note=step.note)
 
 
-def choose_default_plan(sub: Subgraph, graph: BasicGraph):
-    """The default plan, rewritten (a search.PlanChoice), cached by structural key like the search's."""
-    from powerfusion.errors import PowerFusionError
-    from powerfusion.templates.merge import lower_subgraph
-    from powerfusion.pipeline import plancache
-    from powerfusion.pipeline.search import PlanChoice, feasibility
-    from powerfusion.rewrite import optimise
-    t0 = time.perf_counter()
-    t = CPU_SESSION_TARGET
-    key = plancache.structural_key(sub, graph, t)
-    hit = plancache.lookup(key, sub, graph, t)
-    if hit is not None:
-        return replace(hit, graph=_own_constants(hit.graph, sub, graph))
-    merged = lower_subgraph(sub, graph, None, t)
-    try:
-        g, trace = optimise(merged)
-        reason = feasibility(g, t)
-    except Exception as e:  # a rule refusing this plan rejects the rewrite, not the subgraph
-        g, trace, reason = merged, [], f"rewrite: {type(e).__name__}: {e}"[:300]
-    note = ""
-    if reason:
-        why = feasibility(merged, t)
-        if why:
-            raise PowerFusionError(f"subgraph {sub.name}: neither the rewritten ({reason}) nor the lowered graph "
-                                   f"({why}) is feasible")
-        g, trace, note = merged, [], f"rewrites rejected: {reason}; runs as lowered"
-    choice = PlanChoice(g, merged, tuple(trace), considered=1, rewritten=1, key=key, source="search",
-                        seconds=time.perf_counter() - t0, labels=tuple(label for _, label in merged.templates),
-                        note=note[:600])
-    plancache.store(key, sub, graph, t, choice)
-    return replace(choice, graph=_own_constants(choice.graph, sub, graph))
-
-
-def _own_constants(g: GIRGraph, sub: Subgraph, graph: BasicGraph) -> GIRGraph:
-    """`g` holding this subgraph's constant values. Plan and rewrite caches key on structure,
-    not on float constants' values, so a cached graph may carry another subgraph's."""
-    from powerfusion.templates.merge import MergePlan
-    names = MergePlan(sub, graph, CPU_SESSION_TARGET).names
-    mine = {names[t]: np.asarray(graph.constants[t]) for t in dict.fromkeys(sub.inputs) if t in graph.constants}
-    if set(mine) != {n for n, _ in g.constants}:
-        raise RuntimeError(f"cached plan's constants {[n for n, _ in g.constants]} are not the subgraph's {sorted(mine)}")
-    return replace(g, constants=tuple((n, mine[n]) for n, _ in g.constants))
+def failure(e: Exception) -> str:
+    """How a fallback's reason names the error that caused it."""
+    return f"{type(e).__name__}: {e}"[:500]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.compiler import KernelStep, LibraryStep, Plan, compile_partition
 from powerfusion.errors import PowerFusionError
-from powerfusion.basic import Conv, MatMul, Partition, TypedMatMul
+from powerfusion.basic import Conv, MatMul, TypedMatMul
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
+from powerfusion.plan import KernelStep, LibraryStep, Plan
 from powerfusion.runtime.buffers import TensorLife, plan_buffers
 
 
@@ -364,20 +364,19 @@ def _step_io(s):
     return s.subgraph.inputs, s.subgraph.outputs
 
 
-def make_executor(partition: Partition, options):
-    """The session's executor for target 'cuda': compile the partition, then run it."""
+def check_available() -> None:
+    """Raise a PowerFusionError where this runtime cannot run here (before a session compiles)."""
     try:
-        import cupy
+        import cupy  # noqa: F401
     except ImportError as e:
         raise PowerFusionError(f"target 'cuda' needs CuPy ({e})") from None
+
+
+def make_executor(plan: Plan, options):
+    """The session's executor for target 'cuda': run the compiled plan on the chosen GPU."""
+    check_available()
+    import cupy
     device_id = int(getattr(options, "device_id", 0))
     with cupy.cuda.Device(device_id):
-        say = None
-        if int(getattr(options, "verbose", 0)) >= 2:   # -vv: each subgraph as the search reaches it
-            import sys
-            say = lambda message: print(f"[powerfusion] {message}", file=sys.stderr, flush=True)  # noqa: E731
-        plan = compile_partition(partition.graph, partition, partition.target, progress=say)
-        if say:
-            say("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
         return CudaPlanRunner(plan, cuda_graph=bool(getattr(options, "cuda_graph", False)), device_id=device_id,
                               fp32_matmul=getattr(options, "fp32_matmul", "fp32"))

@@ -1,0 +1,193 @@
+"""The one compile pipeline: `pipeline.compile(model, target, options, observers)` -> Plan.
+
+    import      frontend: load, check, infer shapes, fold constants, decompose into basic ops
+    partition   library calls vs memory-bound subgraphs, by arithmetic intensity
+    per memory-bound subgraph:
+      templates   each basic op -> candidate GIR graphs
+      merge       one candidate per op, merged into one GIR graph (templates/merge.py)
+      rewrite     sync, swap and merge rules to a fixpoint, traced (rewrite/)
+      search      the plan the cost model predicts fastest (options.choose says how: choose.py)
+      render      the chosen graph's kernels -> source, through the target's backend
+    plan        library steps + kernel steps in run order (plan.py)
+
+`powerfusion compile`, both InferenceSession targets, `powerfusion inspect --gir` and the
+visualiser all run this function and observe what they need through an `Observer`; nothing
+else chains these steps (docs/design.md). Identical subgraphs (by structure) are searched once
+(the plan cache); `Plan.timings` holds the seconds spent in each step.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+from powerfusion.backends.registry import backend
+from powerfusion.basic import BasicGraph, LibraryCall, Partition, Subgraph
+from powerfusion.pipeline.choose import choose
+from powerfusion.plan import KernelStep, LibraryStep, Plan, Timer
+from powerfusion.targets.specs import TargetSpec, get_target
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    shapes: dict | str | None = None  # fixed sizes of dynamic input dimensions
+    fallback: str | None = None       # "onnxruntime": unsupported nodes run there (CPU), not an error
+    # "refuse": for a non-CPU target, nodes only the CPU runs are an UnsupportedOpError after the
+    # import; "keep": they stay (inspect and the visualiser show the rest)
+    cpu_only_nodes: str = "refuse"
+    choose: str = "search"            # how each subgraph's plan is chosen: "search" | "default" | "fewest-kernels"
+    plans: int = 1                    # "fewest-kernels": how many plans to compare
+    tune: bool = False                # "search": time the cost model's top plans on the device
+    render: bool = True               # render kernel source through the target's backend
+    plan_target: TargetSpec | None = None  # the spec subgraphs are planned for, where not the target's own
+    keep_going: bool = False          # a failing subgraph is reported to the observers and left out
+    # "refuse": ops that write nothing are dropped and a kernel reading a zero-size tensor is
+    # refused (generated kernels); "keep": subgraphs stay whole (the CPU session runs zero-size
+    # work on its basic-op executor)
+    zero_size: str = "refuse"
+    progress: Callable[[str], None] | None = None
+
+
+class Observer:
+    """Subscribe to the pipeline's steps by overriding what you need (all do nothing here)."""
+
+    def imported(self, graph: BasicGraph) -> None: ...
+    def partitioned(self, partition: Partition) -> None: ...
+    def merged(self, sub: Subgraph, merged) -> None: ...          # a merged plan, before rewriting
+    def chosen(self, sub: Subgraph, choice) -> None: ...          # search.PlanChoice (rewritten)
+    def rendered(self, sub: Subgraph, kernels: list) -> None: ...
+    def failed(self, sub: Subgraph, stage: str, error: Exception) -> None: ...
+
+
+def compile(model, target: str = "cuda", options: CompileOptions = CompileOptions(),
+            observers: tuple[Observer, ...] = ()) -> Plan:
+    """`model`: an ONNX path, bytes or ModelProto; an imported BasicGraph; or a Partition."""
+    timer = Timer()
+    part = front(model, target, options, observers, timer)
+    graph = part.graph
+    planned = options.plan_target or get_target(target)
+    renderer = backend(planned.backend).load_renderer() if options.render else None
+    steps, count, total = [], 0, len(part.subgraphs)
+    for item in part.steps:
+        if isinstance(item, LibraryCall):
+            steps.append(LibraryStep(item))
+            continue
+        if item.outputs and all(_empty(graph, t) for t in item.outputs):
+            continue   # every output has no elements: nothing to compute (zero-size buffers stay unwritten)
+        if options.zero_size == "refuse":
+            item = _without_empty(item, graph)
+            _refuse_reading_nothing(item, graph)
+        count += 1
+        if options.progress:
+            options.progress(f"subgraph {count}/{total}: {item.name} ({len(item.nodes)} ops)")
+        step = _compile_subgraph(item, graph, planned, renderer, options, observers, timer)
+        if step is not None:
+            steps.append(step)
+    return Plan(graph.name or "model", target, graph, part, steps, timer.seconds)
+
+
+def front(model, target: str, options: CompileOptions = CompileOptions(), observers: tuple[Observer, ...] = (),
+          timer: Timer | None = None) -> Partition:
+    """import -> partition (what is not given already): the steps before the subgraphs'."""
+    if isinstance(model, Partition):
+        return model
+    timer = timer or Timer()
+    graph = model
+    if not isinstance(graph, BasicGraph):
+        from powerfusion.frontend import import_model
+        with timer("import"):
+            graph = import_model(model, options.shapes, fallback=options.fallback)
+    _tell(observers, "imported", graph)
+    if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
+        _refuse_cpu_only(graph)
+    from powerfusion.frontend.partition import partition_graph
+    with timer("partition"):
+        part = partition_graph(graph, target)
+    _tell(observers, "partitioned", part)
+    return part
+
+
+def _compile_subgraph(sub: Subgraph, graph: BasicGraph, t: TargetSpec, renderer, options: CompileOptions,
+                      observers, timer: Timer) -> KernelStep | None:
+    """templates -> merge -> rewrite -> search (choose.py), then render; a failure is told to the
+    observers with the step it happened in, then raised (or, with keep_going, the subgraph is left out)."""
+    running = ["templates"]
+
+    @contextlib.contextmanager
+    def stage(name):
+        running[0] = name
+        yield
+
+    try:
+        with timer("search"):
+            choice = choose(options.choose, sub, graph, t, tune=options.tune, plans=options.plans, stage=stage,
+                            merged=lambda g: _tell(observers, "merged", sub, g))
+        _tell(observers, "chosen", sub, choice)
+        step = KernelStep(sub, choice.merged, choice.graph, list(choice.trace), _buffers(sub, graph, t),
+                          predicted_s=choice.predicted_s, candidates=choice.considered, note=choice.note)
+        if renderer is not None:
+            running[0] = "render"
+            with timer("codegen"):
+                step.kernels = renderer.render(step.gir)
+            _tell(observers, "rendered", sub, step.kernels)
+    except Exception as e:
+        _tell(observers, "failed", sub, running[0], e)
+        if options.keep_going:
+            return None
+        raise
+    return step
+
+
+def _buffers(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> dict[str, str]:
+    """GIR GLOBAL buffer -> model tensor; tensors a view op aliases share one buffer: it is
+    named by the subgraph's input or output."""
+    from powerfusion.templates.merge import MergePlan
+    interface = set(sub.inputs) | set(sub.outputs)
+    buffers = {}
+    for tensor, b in MergePlan(sub, graph, t).names.items():
+        if b not in buffers or tensor in interface:
+            buffers[b] = tensor
+    return buffers
+
+
+def _refuse_cpu_only(graph: BasicGraph) -> None:
+    from powerfusion.frontend.converters import cpu_only_nodes
+    declined = cpu_only_nodes(graph)
+    if declined:
+        from powerfusion.errors import UnsupportedOpError
+        raise UnsupportedOpError(declined)
+
+
+def _without_empty(sub: Subgraph, graph: BasicGraph) -> Subgraph:
+    """The subgraph less the ops whose outputs have no elements (they compute nothing; their
+    zero-size tensors need no buffer)."""
+    from dataclasses import replace
+    nodes = tuple(n for n in sub.nodes if not all(_empty(graph, t) for t in n.outputs))
+    if len(nodes) == len(sub.nodes):
+        return sub
+    read = {t for n in nodes for t in n.inputs}
+    return replace(sub, nodes=nodes, inputs=tuple(t for t in sub.inputs if t in read),
+                   outputs=tuple(t for t in sub.outputs if not _empty(graph, t)))
+
+
+def _refuse_reading_nothing(sub: Subgraph, graph: BasicGraph) -> None:
+    """A kernel that makes data from a zero-size input (a reduction over nothing) is not
+    generated: say so plainly rather than report an infeasible plan."""
+    empty = list(dict.fromkeys(t for n in sub.nodes for t in n.inputs if _empty(graph, t)))
+    if empty:
+        from powerfusion.errors import UnsupportedOpError
+        made = [t for t in sub.outputs if not _empty(graph, t)]
+        nodes = [(n.origin.node, n.origin.op_type, n.origin.opset,
+                  f"reads the zero-size tensor(s) {empty} and writes non-empty {made}: kernels over zero-size "
+                  "tensors are not generated (the CPU session runs this model)")
+                 for n in sub.nodes if any(t in empty for t in n.inputs)]
+        raise UnsupportedOpError(nodes)
+
+
+def _empty(graph: BasicGraph, tensor: str) -> bool:
+    return any(int(d) == 0 for d in graph.tensors[tensor].shape)
+
+
+def _tell(observers, event: str, *args) -> None:
+    for o in observers:
+        getattr(o, event)(*args)
