@@ -1,12 +1,51 @@
 """Markers: `gpu` tests skip without CuPy and a CUDA device; `browser` tests skip without a
-headless Chromium; `slow` tests run unless `-m "not slow"` deselects them."""
+headless Chromium; `slow` tests run unless `-m "not slow"` deselects them.
+
+Every test run compiles into its own cache folder (plans, kernels, compile results), never
+the user's: `isolated_cache_dir` below. Tests that need a compiler call `require_tool` (or ask
+for the `nvcc` / `gxx` fixture): a missing compiler skips, and fails where CI requires it.
+`compiled(model, target)` is a bundled model (models/small/) compiled once per run."""
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import shutil
+from pathlib import Path
 
 import pytest
+
+SMALL_MODELS = Path(__file__).resolve().parents[1] / "models" / "small"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache_dir(tmp_path_factory):
+    """A per-run cache folder for this process and the processes it starts (CLI tests inherit
+    POWERFUSION_CACHE_DIR). PF_TEST_CACHE_DIR names a folder to keep between runs instead."""
+    from powerfusion import options
+    path = Path(os.environ.get("PF_TEST_CACHE_DIR") or tmp_path_factory.mktemp("powerfusion-cache"))
+    saved_env, saved = os.environ.get("POWERFUSION_CACHE_DIR"), options.current().cache_dir
+    os.environ["POWERFUSION_CACHE_DIR"] = str(path)
+    options.set_defaults(cache_dir=path)
+    yield path
+    options.set_defaults(cache_dir=saved)
+    if saved_env is None:
+        os.environ.pop("POWERFUSION_CACHE_DIR", None)
+    else:
+        os.environ["POWERFUSION_CACHE_DIR"] = saved_env
+
+
+@functools.cache
+def _compiled(model: str, target: str):
+    from powerfusion.compiler import compile_model
+    return compile_model(SMALL_MODELS / f"{model}.onnx", target)
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """compiled(model, target) -> Plan: the bundled model models/small/<model>.onnx through
+    `powerfusion compile`'s pipeline, once per test run for every test file that asks."""
+    return _compiled
 
 
 @functools.cache
@@ -57,3 +96,13 @@ def require_tool(name: str) -> str:
     if os.environ.get("PF_REQUIRE_COMPILERS") == "1":
         pytest.fail(f"{name} is required (PF_REQUIRE_COMPILERS=1) but not on PATH")
     pytest.skip(f"needs {name}")
+
+
+@pytest.fixture
+def nvcc() -> str:
+    return require_tool("nvcc")
+
+
+@pytest.fixture
+def gxx() -> str:
+    return require_tool("g++")

@@ -13,16 +13,6 @@ from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "models" / "small").glob("*.onnx"))
-_PLANS: dict = {}
-
-
-def _plan(path: Path, target: str):
-    from powerfusion.compiler import compile_model
-    key = (path.stem, target)
-    if key not in _PLANS:
-        _PLANS[key] = compile_model(path, target)
-    return _PLANS[key]
-
 
 def _one_unit(plan) -> str:
     sources = [k.source for s in plan.kernel_steps for k in s.kernels]
@@ -31,10 +21,10 @@ def _one_unit(plan) -> str:
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda p: p.stem)
-def test_cuda_kernels_compile(model, tmp_path):
+def test_cuda_kernels_compile(model, tmp_path, compiled):
     nvcc = require_tool("nvcc")
     src = tmp_path / f"{model.stem}.cu"
-    src.write_text(_one_unit(_plan(model, "cuda")))
+    src.write_text(_one_unit(compiled(model.stem, "cuda")))
     for arch in ("sm_80", "sm_90"):
         proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(tmp_path / "k.cubin"), str(src)],
                               capture_output=True, text=True)
@@ -42,10 +32,10 @@ def test_cuda_kernels_compile(model, tmp_path):
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda p: p.stem)
-def test_hip_kernels_compile(model, tmp_path):
+def test_hip_kernels_compile(model, tmp_path, compiled):
     hipcc = require_tool("hipcc")
     src = tmp_path / f"{model.stem}.hip"
-    src.write_text(_one_unit(_plan(model, "hip")))
+    src.write_text(_one_unit(compiled(model.stem, "hip")))
     env = {**os.environ, "HIP_PLATFORM": "amd"}
     for arch in ("gfx908", "gfx90a"):
         proc = subprocess.run([hipcc, f"--offload-arch={arch}", "--genco", "-o", str(tmp_path / "k.co"), str(src)],

@@ -75,20 +75,17 @@ def compiled(name: str):
 def _compile(name: str):
     from models import small_manifest
     from models.onnx_tools import TensorSpec, sample_inputs
-    from powerfusion.frontend import import_model
-    from powerfusion.basic import Subgraph
-    from powerfusion.frontend.partition import partition_graph
-    from powerfusion.templates.merge import MergePlan, lower_subgraph
-    from powerfusion.rewrite import optimise
-    graph = import_model(str(SMALL / f"{name}.onnx"))
+    from powerfusion.pipeline.driver import CompileOptions, compile
+    from powerfusion.templates.merge import MergePlan
+    # the default template choice, rewritten (as `powerfusion inspect --gir` builds it)
+    plan = compile(str(SMALL / f"{name}.onnx"), "mlu370", CompileOptions(choose="fewest-kernels", render=False))
+    graph = plan.graph
     specs = [TensorSpec.from_json(d) for d in small_manifest()["models"][name]["inputs"]]
     feeds = sample_inputs(specs, seed=5)
     steps = []
-    for item in partition_graph(graph, "mlu370").steps:
-        if isinstance(item, Subgraph):
-            gir, _ = optimise(lower_subgraph(item, graph, None, "mlu370"))
-            names = MergePlan(item, graph, "mlu370").names
-            steps.append((item, gir, {b: t for t, b in names.items()}))
+    for step in plan.kernel_steps:
+        names = MergePlan(step.subgraph, graph, "mlu370").names
+        steps.append((step.subgraph, step.gir, {b: t for t, b in names.items()}))
     return graph, feeds, steps
 
 

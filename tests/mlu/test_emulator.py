@@ -2,7 +2,6 @@
 must report (capacity, memory spaces, alignment, pending async copies, barriers,
 output coverage). Kernels are hand-written BANG C as the MLU backend will emit.
 """
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import BangEmulationError, CoverageError, run_bang  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the BANG emulator needs g++")
+pytestmark = pytest.mark.usefixtures("gxx")   # conftest.require_tool: skips, or fails where required
 RNG = np.random.default_rng(7)
 TILE = 256
 

@@ -1,14 +1,13 @@
 """compile_check_nvcc: a good kernel compiles for sm_80 and sm_90; a bad one names its source and log."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
 from powerfusion.backends.cuda.runtime import compile_check_nvcc
 from powerfusion.errors import CompileError
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+pytestmark = pytest.mark.usefixtures("nvcc")   # conftest.require_tool: skips, or fails where required
 
 GOOD = r"""
 #include <cuda_bf16.h>

@@ -13,7 +13,6 @@ A failing unit is recompiled kernel by kernel to name the culprits.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,7 +21,7 @@ import pytest
 from powerfusion.ttile.codegen import combinations
 from powerfusion.ttile.matmul import Matmul
 
-pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+pytestmark = pytest.mark.usefixtures("nvcc")   # conftest.require_tool: skips, or fails where required
 # one per kernel family (gemv, gemv with dp4a, mma, dequantise), as NVRTC receives them
 REPRESENTATIVE = [("fp16", "int4", None, "fp16", 1), ("bf16", "int4", None, "bf16", 32),
                   ("int8", "int4", None, "int32", 4), ("fp16", "uint8", "quantized", "fp16", 512)]
