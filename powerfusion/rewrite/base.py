@@ -2,7 +2,10 @@
 
 A rule is `rule(graph, at) -> Rewrite | None`: it looks at the gOperator at index `at`
 (and whatever it needs around it) and returns the whole replacement schedule; the
-driver (driver.py) applies it. Rules never edit a graph in place.
+driver (driver.py) applies it. Rules never edit a graph in place. `@matches(kind, ...)`
+declares the gOperator kinds a rule can fire on at `at`: the driver tries a rule only at
+gOperators of those kinds (rules indexed by the kind they match, as tinygrad indexes its
+PatternMatcher by op).
 """
 from __future__ import annotations
 
@@ -14,7 +17,23 @@ import numpy as np
 
 from powerfusion.gir.expr import I, J, loads
 from powerfusion.gir.traffic import not_worse, traffic, traffic_after
-from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
+from powerfusion.gir.ir import KIND_OF, Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
+
+KINDS = frozenset(KIND_OF.values())
+
+
+def matches(*kinds: str):
+    """Declare the gOperator kinds a rule can fire on at its position (`rule.kinds`); a rule
+    without a declaration is tried at every gOperator. tests/rewrite/test_dispatch.py checks
+    that a rule never fires on a kind it does not declare."""
+    unknown = set(kinds) - KINDS
+    if unknown or not kinds:
+        raise ValueError(f"@matches: unknown gOperator kind(s) {sorted(unknown)}; known: {sorted(KINDS)}")
+
+    def mark(rule):
+        rule.kinds = frozenset(kinds)
+        return rule
+    return mark
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,11 @@ gOperators or bytes; the split composition of a concat/split (W writers, R reade
 W*R <= W+R moves) deletes the intermediate's bytes.
 The driver checks that decrease at every step (and that modelled traffic does not rise),
 and an iteration cap backs it: exceeding it is a bug and raises.
+
+Dispatch. At each position the driver tries only the rules declared (`@matches`, base.py) for
+that gOperator's kind, in table order: the first that fires is the one that would fire if
+every rule were tried there, since an undeclared rule never fires on that kind
+(tests/rewrite/test_dispatch.py compares both on every example graph).
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import numpy as np
 
 from powerfusion.gir.ir import Elementwise, GIRGraph, Sync
 from powerfusion.gir.traffic import not_worse, total_bytes, traffic, traffic_after
-from powerfusion.rewrite.base import is_move
+from powerfusion.rewrite.base import KINDS, is_move
 from powerfusion.rewrite.merge_rules import MERGE_RULES
 from powerfusion.rewrite.swap_rules import SWAP_RULES
 from powerfusion.rewrite.sync_rules import SYNC_RULES
@@ -103,8 +108,18 @@ def _check(name: str, before: GIRGraph, after: GIRGraph, tb: dict, mb: tuple) ->
     return ta, ma
 
 
-def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int) -> tuple[GIRGraph, bool]:
-    """Apply `rules` until none applies anywhere; returns (graph, whether anything changed)."""
+def by_kind(rules: dict) -> dict[str, tuple]:
+    """gOperator kind -> the (name, rule) pairs of `rules` that can fire on it, in table order;
+    a rule without a `kinds` declaration is listed under every kind."""
+    return {kind: tuple((name, rule) for name, rule in rules.items() if kind in getattr(rule, "kinds", KINDS))
+            for kind in KINDS}
+
+
+def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int,
+             every_rule: bool = False) -> tuple[GIRGraph, bool]:
+    """Apply `rules` until none applies anywhere; returns (graph, whether anything changed).
+    Only the rules declared for a gOperator's kind are tried on it (every_rule: all of them)."""
+    table = by_kind(rules) if not every_rule else dict.fromkeys(KINDS, tuple(rules.items()))
     changed = False
     start = 0
     tb = traffic(g)
@@ -112,7 +127,7 @@ def _exhaust(g: GIRGraph, rules: dict, trace: list[TraceStep], limit: int) -> tu
     while True:
         hit = None
         for at in range(start, len(g.ops)):
-            for name, rule in rules.items():
+            for name, rule in table[g.ops[at].kind]:
                 rw = rule(g, at)
                 if rw is not None:
                     hit = (name, rw, at)
@@ -145,22 +160,25 @@ def _key(g: GIRGraph) -> tuple:
 _MEMO: dict[tuple, tuple[GIRGraph, tuple[TraceStep, ...]]] = {}
 
 
-def optimise(graph: GIRGraph) -> tuple[GIRGraph, list[TraceStep]]:
+def optimise(graph: GIRGraph, *, every_rule: bool = False) -> tuple[GIRGraph, list[TraceStep]]:
     """Rewrite `graph` greedily to a fixpoint; returns the result and the trace of every step.
-    Structurally equal graphs (repeated layers) are optimised once (memo by structural hash)."""
+    Structurally equal graphs (repeated layers) are optimised once (memo by structural hash).
+    every_rule: try every rule at every gOperator, not only those declared for its kind (the
+    reference the dispatch is tested against; not memoised)."""
     key = _key(graph)
-    if key in _MEMO:
+    if key in _MEMO and not every_rule:
         out, trace = _MEMO[key]
         return replace(out, name=graph.name, templates=graph.templates), list(trace)
     g = _unique_uids(graph)
     trace: list[TraceStep] = []
     limit = _step_limit(g)
     while True:
-        g, _ = _exhaust(g, PHASES[0][1], trace, limit)
-        g, merged = _exhaust(g, PHASES[1][1], trace, limit)
+        g, _ = _exhaust(g, PHASES[0][1], trace, limit, every_rule)
+        g, merged = _exhaust(g, PHASES[1][1], trace, limit, every_rule)
         if not merged:
             break
-    _MEMO[key] = (g, tuple(trace))
+    if not every_rule:
+        _MEMO[key] = (g, tuple(trace))
     return g, trace
 
 

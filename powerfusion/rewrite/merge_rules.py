@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from powerfusion.gir.expr import binop
 from powerfusion.gir.ir import Buffer, GIRGraph, Level, MemorySlice
-from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, fresh_name, index, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, fresh_name, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, without_syncs_on, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.patterns import compact, composition_need, writer_coords
@@ -35,6 +35,7 @@ def _rename_after(ops, start: int, old: str, new: str):
     return [rename_buffer(op, old, new) if k > start else op for k, op in enumerate(ops)]
 
 
+@matches("move")
 def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     """move(a -> t) ; move(t -> b) => move(a -> b), through the composed index map;
     the first move stays only when t is an output or read elsewhere."""
@@ -129,6 +130,7 @@ def _renameable(g: GIRGraph, old: str, new: str, start: int, at: int, ignore: fr
     return g.buffer(new).level == Level.GLOBAL or not device_barrier_between(g, start, last + 1, ignore)
 
 
+@matches("move")
 def cancel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     """move(a -> t) ; move(t -> b) => nothing, when t is read as written and b as a is:
     later ops read a for b."""
@@ -158,6 +160,7 @@ def cancel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     return Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, (op1.uid, op2.uid))
 
 
+@matches("move")
 def drop_identity_move(g: GIRGraph, at: int) -> Rewrite | None:
     """move(a -> b), same level, pattern and type => nothing: later ops read a for b."""
     op = g.ops[at]
@@ -175,6 +178,7 @@ def drop_identity_move(g: GIRGraph, at: int) -> Rewrite | None:
     return Rewrite(tuple(ops), g.buffers, (op.uid,))
 
 
+@matches("move")
 def merge_parallel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     """move(a -> b1) ‖ move(a -> b2) => move(a -> b1): the second reads b1 (or vanishes)."""
     op2 = g.ops[at]
@@ -203,6 +207,7 @@ def merge_parallel_moves(g: GIRGraph, at: int) -> Rewrite | None:
     return None
 
 
+@matches("elementwise", "reduce", "broadcast", "move")
 def drop_dead_op(g: GIRGraph, at: int) -> Rewrite | None:
     """op(-> x) => nothing, when nothing after it reads x and x is no output."""
     op = g.ops[at]

@@ -17,7 +17,7 @@ import numpy as np
 
 from powerfusion.gir.expr import Expr, binop, substitute, variables
 from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
-from powerfusion.rewrite.base import (Rewrite, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
+from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       without_syncs_on, writers)
 from powerfusion.rewrite.patterns import Coords, compact, composition_need, covering_coords, eval_over
@@ -52,6 +52,7 @@ def _pick(cands, covered, units, r: MemorySlice, buffers):
     return None, False
 
 
+@matches("move")
 def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
     """(move ‖ move) ; (move ‖ move) => move ‖ move ‖ ... through a concat/split intermediate."""
     op = g.ops[at]

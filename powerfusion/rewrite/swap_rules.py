@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from powerfusion.gir.ir import Buffer, Elementwise, GIRGraph, Level, MemorySlice, Reduce
-from powerfusion.rewrite.base import (Rewrite, if_not_worse, fresh_name, interface, is_move, is_sync, loaded_anywhere, next_uid,
+from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, fresh_name, interface, is_move, is_sync, loaded_anywhere, next_uid,
                                       readers, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_rules import device_barrier_between
 
@@ -57,6 +57,7 @@ def _dtypes_equal(g: GIRGraph, *names: str) -> bool:
     return len({g.buffer(n).dtype for n in names}) == 1
 
 
+@matches("elementwise")
 def swap_ew_move(g: GIRGraph, at: int) -> Rewrite | None:
     """elementwise(x -> y) ; move(y -> z) => move(x -> z') ; elementwise(z' -> z), registers."""
     hit = _unary_ew(g, at)
@@ -80,6 +81,7 @@ def swap_ew_move(g: GIRGraph, at: int) -> Rewrite | None:
     return _finish(g, ops, [zp], (e.uid, mv.uid))
 
 
+@matches("elementwise")
 def swap_ew_through_memory(g: GIRGraph, at: int) -> Rewrite | None:
     """elementwise(x -> y) ; move(y -> t) ; sync ; move(t -> z)
     => move(x -> t') ; sync ; move(t' -> z') ; elementwise(z' -> z), t in shared or global memory."""
@@ -117,6 +119,7 @@ def swap_ew_through_memory(g: GIRGraph, at: int) -> Rewrite | None:
     return _finish(g, ops, [tp, zp], (e.uid, st.uid, ld.uid))
 
 
+@matches("elementwise")
 def swap_ew_reduce(g: GIRGraph, at: int) -> Rewrite | None:
     """elementwise(f, x -> y) ; reduce(max|min, y -> r) => reduce(x -> r') ; elementwise(f, r' -> r),
     f non-decreasing (it commutes with max and min)."""

@@ -18,7 +18,7 @@ from dataclasses import replace
 from powerfusion.gir.expr import U, I, J, Expr
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Scope, Sync
 from powerfusion.gir.scope import needed_scope
-from powerfusion.rewrite.base import (Rewrite, active_units, consts, device_barrier_between, device_syncs_between,
+from powerfusion.rewrite.base import (Rewrite, matches, active_units, consts, device_barrier_between, device_syncs_between,
                                       fresh_name, interface, is_move, is_sync,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, writers)
 from powerfusion.rewrite.patterns import compact, writer_coords
@@ -50,6 +50,7 @@ def _lane_identity(w: MemorySlice, r: MemorySlice, c) -> bool:
     return register_layout_ok(probe)
 
 
+@matches("sync")
 def promote_sync(g: GIRGraph, at: int) -> Rewrite | None:
     """move ; sync(s0) ; move => move ; sync(s) ; move, s < s0 the exact scope (LANE: no sync)."""
     sync = g.ops[at]
@@ -183,6 +184,7 @@ def _promote(g: GIRGraph, at: int, name: str, check_barrier: bool = True) -> Rew
     return Rewrite(tuple(flat), g.buffers + (new,), changed)
 
 
+@matches("sync")
 def drop_unread_sync(g: GIRGraph, at: int) -> Rewrite | None:
     """sync(x) => nothing, when nothing after it reads x (or nothing before writes it)."""
     sync = g.ops[at]
