@@ -153,7 +153,7 @@ CASES = {  # small sizes keep lowering and rewriting every plan affordable on a 
 # ---- prepare: enumerate, lower, rewrite, check ------------------------------------------------
 
 def prepare(path: str, cases=None, limit: int = 8) -> None:
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model, partition_graph
     from powerfusion.templates.merge import enumerate_plans, lower_subgraph
     from powerfusion.pipeline.search import feasibility
     from powerfusion.targets.specs import get_target
@@ -165,7 +165,7 @@ def prepare(path: str, cases=None, limit: int = 8) -> None:
     for case in cases or CASES:
         t0 = time.perf_counter()
         graph = import_model(CASES[case]())
-        subs = partition(graph, "cuda").subgraphs
+        subs = partition_graph(graph, "cuda").subgraphs
         sub = max(subs, key=lambda s: len(s.nodes))
         plans = enumerate_plans(sub, graph, t, limit=limit)
         kept = 0
@@ -364,14 +364,14 @@ def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam
     CUDA source, with the plan cache in `cache_dir` (run twice: cold, then warm)."""
     from powerfusion import options
     from powerfusion.backends.cuda.renderer import CUDARenderer
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model, partition_graph
     from powerfusion.pipeline.search import choose_plans
     from powerfusion.targets.specs import get_target
     import resource
     t0 = time.perf_counter()
     graph = import_model(model)
     t1 = time.perf_counter()
-    part = partition(graph, "cuda")
+    part = partition_graph(graph, "cuda")
     t2 = time.perf_counter()
     with options.context(cache_dir=cache_dir):
         choices = choose_plans(part.subgraphs, graph, get_target("cuda"), jobs=jobs, limit=limit, beam=beam)

@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "quantize": "powerfusion.cli.cmd_quantize",
     "bench": "powerfusion.cli.cmd_bench",
     "viz": "powerfusion.cli.cmd_viz",
-    "cache": "powerfusion.runtime.cli_cache",
+    "cache": "powerfusion.cli.cmd_cache",
 }
 
 USER_ERROR = 2

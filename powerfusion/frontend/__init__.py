@@ -2,11 +2,9 @@
 and partition into library calls and memory-bound subgraphs."""
 from __future__ import annotations
 
-from powerfusion.basic import BasicGraph, Partition
+from powerfusion.basic import BasicGraph
 from powerfusion.frontend.loader import load_model, parse_shapes
-# imported here, before `partition` below is defined: a first import of the submodule later
-# would rebind the package attribute `partition` to the module
-from powerfusion.frontend import partition as _partition_module  # noqa: E402,F401
+from powerfusion.frontend.partition import partition_graph
 
 
 def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None, fallback: str | None = None) -> BasicGraph:
@@ -40,14 +38,9 @@ def _lower_quantized(proto):
     return infer_shapes(lower_quantized_ops(proto))
 
 
-def partition(graph: BasicGraph, target: str = "cpu") -> Partition:
-    """Library calls for compute-bound MatMul/Conv, maximal acyclic subgraphs for the rest."""
-    return _partition_module.partition_graph(graph, target)
-
-
 def run_basic_graph(graph: BasicGraph, feeds: dict):
     from powerfusion.frontend.numpy_exec import run_basic_graph as run
     return run(graph, feeds)
 
 
-__all__ = ["import_model", "partition", "run_basic_graph", "load_model", "parse_shapes"]
+__all__ = ["import_model", "partition_graph", "run_basic_graph", "load_model", "parse_shapes"]

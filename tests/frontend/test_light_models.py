@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from fe_helpers import run_ort
-from powerfusion.frontend import import_model, partition, run_basic_graph
+from powerfusion.frontend import import_model, partition_graph, run_basic_graph
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 FAST = {"squeezenet", "resnet50"}
@@ -41,7 +41,7 @@ def test_light_model_matches_reference_output(name):
     (out,) = run_basic_graph(graph, {key: x}).values()
     ref = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-6)
-    partition(graph, "cpu")
+    partition_graph(graph, "cpu")
 
 
 def _with_random_weights(model, rng):

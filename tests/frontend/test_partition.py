@@ -3,7 +3,7 @@ import pytest
 from onnx import helper
 
 from fe_helpers import check_partition, make_model
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.basic import LibraryCall
 from powerfusion.frontend.partition import node_bytes, node_flops
 from powerfusion.targets.specs import get_target
@@ -18,7 +18,7 @@ def f(*s):
 def test_gemv_is_memory_bound():
     g = import_model(make_model("MatMul", {"x": f(1, 1024)}, {"w": f(1024, 1024)}))
     for target in ("cpu", "h100", "mi250"):
-        p = partition(g, target)
+        p = partition_graph(g, target)
         check_partition(p)
         assert not p.library_calls and [n.op.__class__.__name__ for n in p.subgraphs[0].nodes] == ["MatMul"]
 
@@ -26,12 +26,12 @@ def test_gemv_is_memory_bound():
 def test_decode_attention_scores_are_memory_bound():
     # one query against a KV cache of 512 positions: batched GEMV
     g = import_model(make_model("MatMul", {"q": f(8, 1, 64), "k": f(8, 64, 512)}))
-    assert not partition(g, "h100").library_calls
+    assert not partition_graph(g, "h100").library_calls
 
 
 def test_big_matmul_is_a_library_call():
     g = import_model(make_model("MatMul", {"a": f(512, 512), "b": f(512, 512)}))
-    p = partition(g, "cpu")
+    p = partition_graph(g, "cpu")
     check_partition(p)
     (call,) = p.steps
     assert isinstance(call, LibraryCall) and call.flops == 2 * 512 ** 3
@@ -44,8 +44,8 @@ def test_depthwise_conv_memory_bound_dense_conv_library():
     dw = import_model(make_model("Conv", x, {"w": f(64, 1, 3, 3)}, {"group": 64, "pads": [1, 1, 1, 1]}))
     dense = import_model(make_model("Conv", x, {"w": f(64, 64, 3, 3)}, {"pads": [1, 1, 1, 1]}))
     for target in ("cpu", "h100"):
-        assert not partition(dw, target).library_calls
-        assert len(partition(dense, target).library_calls) == 1
+        assert not partition_graph(dw, target).library_calls
+        assert len(partition_graph(dense, target).library_calls) == 1
     conv = dense.nodes[0]
     assert node_flops(dense, conv) == 2 * 64 * 56 * 56 * 64 * 9
 
@@ -60,7 +60,7 @@ def _residual_model():
 
 
 def test_subgraphs_stay_acyclic_around_a_library_call():
-    p = partition(import_model(_residual_model()), "cpu")
+    p = partition_graph(import_model(_residual_model()), "cpu")
     check_partition(p)
     kinds = [type(s).__name__ for s in p.steps]
     assert kinds == ["Subgraph", "LibraryCall", "Subgraph"]
@@ -75,7 +75,7 @@ def test_groups_merge_when_no_cycle():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["b"], name="mm"),
              helper.make_node("Relu", ["x"], ["c"], name="relu"),
              helper.make_node("Add", ["b", "c"], ["y"], name="add")]
-    p = partition(import_model(make_model(None, {"x": f(256, 256)}, {"w": f(256, 256)}, nodes=nodes)), "cpu")
+    p = partition_graph(import_model(make_model(None, {"x": f(256, 256)}, {"w": f(256, 256)}, nodes=nodes)), "cpu")
     check_partition(p)
     assert [type(s).__name__ for s in p.steps] == ["LibraryCall", "Subgraph"]
     assert {n.origin.node for n in p.subgraphs[0].nodes} == {"relu", "add"}
@@ -83,7 +83,7 @@ def test_groups_merge_when_no_cycle():
 
 
 def test_subgraph_cost_is_compulsory_traffic():
-    p = partition(import_model(make_model("Softmax", {"x": f(4, 1000)})), "cpu")
+    p = partition_graph(import_model(make_model("Softmax", {"x": f(4, 1000)})), "cpu")
     (sg,) = p.subgraphs
     assert sg.bytes == 2 * 4 * 1000 * 4  # read x once, write y once
     assert sg.flops == sum(node_flops(p.graph, n) for n in sg.nodes) > 0
@@ -96,25 +96,25 @@ def test_partition_properties_on_a_cnn(target):
 
     import onnx
     path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_squeezenet.onnx")
-    p = partition(import_model(path), target)
+    p = partition_graph(import_model(path), target)
     check_partition(p)
     assert p.library_calls and p.subgraphs
 
 
-def test_partition_function_not_shadowed_by_its_module():
+def test_frontend_partition_is_only_the_module():
+    """One name, one thing: `frontend.partition` is the module, its function `partition_graph`."""
     import importlib
 
     import powerfusion.frontend as fe
-    importlib.import_module("powerfusion.frontend.partition")
-    from powerfusion.frontend import partition as p
-    assert callable(p) and p is fe.partition and not isinstance(p, type(importlib))
+    module = importlib.import_module("powerfusion.frontend.partition")
+    assert fe.partition is module and fe.partition_graph is module.partition_graph
 
 
 def test_independent_groups_of_one_level_share_a_subgraph():
     # horizontal fusion: relu(x) and exp(z) are unconnected, both before any library call
     nodes = [helper.make_node("Relu", ["x"], ["y1"], name="relu"),
              helper.make_node("Exp", ["z"], ["y2"], name="exp")]
-    p = partition(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
+    p = partition_graph(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
                   "cpu")
     check_partition(p)
     (sg,) = p.subgraphs
@@ -126,7 +126,7 @@ def test_independent_groups_of_different_levels_stay_apart():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["b"], name="mm"),
              helper.make_node("Relu", ["b"], ["y1"], name="relu"),
              helper.make_node("Exp", ["z"], ["y2"], name="exp")]
-    p = partition(import_model(make_model(None, {"x": f(256, 256), "z": f(4, 16)}, {"w": f(256, 256)}, nodes=nodes,
+    p = partition_graph(import_model(make_model(None, {"x": f(256, 256), "z": f(4, 16)}, {"w": f(256, 256)}, nodes=nodes,
                                           outputs=("y1", "y2"))), "cpu")
     check_partition(p)
     assert sorted(sorted(n.origin.node for n in s.nodes) for s in p.subgraphs) == [["exp"], ["relu"]]
@@ -137,7 +137,7 @@ def test_fused_parts_stay_below_the_node_cap(monkeypatch):
     monkeypatch.setattr(importlib.import_module("powerfusion.frontend.partition"), "HFUSE_MAX_NODES", 1)
     nodes = [helper.make_node("Relu", ["x"], ["y1"], name="relu"),
              helper.make_node("Exp", ["z"], ["y2"], name="exp")]
-    p = partition(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
+    p = partition_graph(import_model(make_model(None, {"x": f(4, 8), "z": f(4, 16)}, nodes=nodes, outputs=("y1", "y2"))),
                   "cpu")
     check_partition(p)
     assert len(p.subgraphs) == 2

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from onnx import helper
 
 from fe_helpers import check_partition, make_model
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.basic import Subgraph
 
 N = 256  # a 256^3 matmul is compute-bound on "cpu" (intensity 42 > ridge 20); a 1x256 GEMV is not
@@ -54,7 +54,7 @@ def step_graph(p):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_model())
 def test_partition_is_acyclic_and_maximal(model):
-    p = partition(import_model(model), "cpu")
+    p = partition_graph(import_model(model), "cpu")
     check_partition(p)
     q = step_graph(p)
     assert nx.is_directed_acyclic_graph(q)

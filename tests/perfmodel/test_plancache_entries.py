@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 from onnx import TensorProto as T, helper as h
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.pipeline import plancache
 from powerfusion.pipeline.plan_codec import CodecError, decode
@@ -23,7 +23,7 @@ def _unary(op: str):
     g = h.make_graph([h.make_node(op, ["x"], ["y"])], op.lower(), [h.make_tensor_value_info("x", T.FLOAT, [4, 64])],
                      [h.make_tensor_value_info("y", T.FLOAT, [4, 64])])
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    return graph, partition(graph, "cuda").subgraphs[0]
+    return graph, partition_graph(graph, "cuda").subgraphs[0]
 
 
 def _run(choice, x):

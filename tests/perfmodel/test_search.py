@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.templates.merge import lower_subgraph, MergePlan
 from powerfusion.pipeline import plancache
@@ -24,7 +24,7 @@ def _separate_subgraphs(graph):
     part = importlib.import_module("powerfusion.frontend.partition")
     cap, part.HFUSE_MAX_NODES = part.HFUSE_MAX_NODES, 0
     try:
-        return partition(graph, "cuda").subgraphs
+        return partition_graph(graph, "cuda").subgraphs
     finally:
         part.HFUSE_MAX_NODES = cap
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.templates.merge import lower_subgraph
 from powerfusion.pipeline import search
@@ -26,7 +26,7 @@ def layernorm():
     g = h.make_graph([node], "ln", [h.make_tensor_value_info("x", T.FLOAT, [R, N])],
                      [h.make_tensor_value_info("y", T.FLOAT, [R, N])], inits)
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    (sub,) = partition(graph, "cuda").subgraphs
+    (sub,) = partition_graph(graph, "cuda").subgraphs
     return graph, sub
 
 

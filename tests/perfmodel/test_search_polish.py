@@ -7,7 +7,7 @@ import math
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.pipeline import search
 from powerfusion.pipeline.search import choose_plan
 
@@ -27,7 +27,7 @@ def _decode_attention():
                           [helper.make_tensor_value_info("y", f, [1, H, 1, D])],
                           [numpy_helper.from_array(np.array(1 / math.sqrt(D), np.float32), "scale")])
     graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9))
-    (sub,) = partition(graph).subgraphs
+    (sub,) = partition_graph(graph).subgraphs
     return graph, sub
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.templates.merge import lower_subgraph, lowering_context
 from powerfusion.perfmodel.cost import estimate
 from powerfusion.targets.specs import get_target
@@ -24,7 +24,7 @@ def _rmsnorm():
     g = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, N])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])], inits)
     graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9))
-    (sub,) = partition(graph).subgraphs
+    (sub,) = partition_graph(graph).subgraphs
     return graph, sub
 
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto as T, helper as h
 
 from powerfusion import options
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.pipeline import plancache
 from powerfusion.pipeline.search import choose_plan
 from powerfusion.targets.specs import get_target
@@ -24,7 +24,7 @@ def test_tuned_choice_is_measured_and_correct(tmp_path):
     g = h.make_graph([node], "sm", [h.make_tensor_value_info("x", T.FLOAT, [R, N])],
                      [h.make_tensor_value_info("y", T.FLOAT, [R, N])])
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    sub = partition(graph, "cuda").subgraphs[0]
+    sub = partition_graph(graph, "cuda").subgraphs[0]
     plancache.clear_memo()
     with options.context(cache_dir=tmp_path):
         pc = choose_plan(sub, graph, get_target("h100"), tune=True, limit=8, beam=4)
@@ -49,7 +49,7 @@ def test_bf16_plans_are_timed(tmp_path):
     g = h.make_graph([node], "sm", [h.make_tensor_value_info("x", T.BFLOAT16, [R, N])],
                      [h.make_tensor_value_info("y", T.BFLOAT16, [R, N])])
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
-    sub = partition(graph, "cuda").subgraphs[0]
+    sub = partition_graph(graph, "cuda").subgraphs[0]
     plancache.clear_memo()
     with options.context(cache_dir=tmp_path):
         pc = choose_plan(sub, graph, get_target("h100"), tune=True, limit=8, beam=4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from powerfusion.frontend import import_model, partition
+from powerfusion.frontend import import_model, partition_graph
 from powerfusion.rewrite import ALL_RULES, clear_memo, optimise
 from powerfusion.rewrite.base import KINDS
 from powerfusion.rewrite.driver import by_kind
@@ -21,7 +21,7 @@ EXAMPLES = {"channel_shuffle": M.channel_shuffle, "residual_layernorm": M.residu
 
 def _merged_plans(model, limit: int = 4):
     graph = import_model(model)
-    for sub in partition(graph, "cuda").subgraphs:
+    for sub in partition_graph(graph, "cuda").subgraphs:
         for choice in [None] + enumerate_plans(sub, graph, "cuda", limit=limit):
             yield lower_subgraph(sub, graph, choice, target="cuda")
 

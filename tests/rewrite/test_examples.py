@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from powerfusion.frontend import import_model, partition, run_basic_graph
+from powerfusion.frontend import import_model, partition_graph, run_basic_graph
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Level, Sync
 from powerfusion.templates.merge import enumerate_plans, lower_subgraph
@@ -19,7 +19,7 @@ from tests.rewrite import example_models as M
 
 def best_plan(model):
     graph = import_model(model)
-    part = partition(graph, "cuda")
+    part = partition_graph(graph, "cuda")
     (sub,) = part.subgraphs
     best = None
     for choice in enumerate_plans(sub, graph, "cuda"):

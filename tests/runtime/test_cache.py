@@ -8,7 +8,7 @@ import os
 import pytest
 
 from powerfusion import options
-from powerfusion.runtime import cli_cache
+from powerfusion.cli import cmd_cache as cli_cache
 from powerfusion.runtime.cache import KernelCache, canonical_key, default_cache_dir, source_hash
 
 KEY = {"source": source_hash("__global__ void k() {}"), "arch": "sm_90", "compiler": "nvrtc-13.0",

@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 
 @pytest.mark.slow
 def test_shufflenet_subgraphs_lower_and_verify():
-    from powerfusion.frontend import import_model, partition
+    from powerfusion.frontend import import_model, partition_graph
     from powerfusion.frontend.numpy_exec import EXECUTORS
     from powerfusion.gir.interpreter import run_gir
     from powerfusion.templates.merge import lower_subgraph
@@ -24,7 +24,7 @@ def test_shufflenet_subgraphs_lower_and_verify():
     if not os.path.exists(path):
         pytest.skip("light_shufflenet.onnx not shipped with this onnx")
     g = import_model(path)
-    subs = partition(g, "cuda").subgraphs
+    subs = partition_graph(g, "cuda").subgraphs
     assert subs
     env = dict(g.constants)
     rng = np.random.default_rng(0)

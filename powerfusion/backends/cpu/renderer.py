@@ -11,7 +11,7 @@ pointers, `-O3 -march=native`). fp16 is `_Float16`; bf16 is kept as its bit patt
 """
 from __future__ import annotations
 
-from powerfusion.backends.cstyle.kernel import KernelLowering, RegLayout, _identity_layout
+from powerfusion.backends.cstyle.kernel import KernelRenderer, RegLayout, _identity_layout
 from powerfusion.backends.cstyle.renderer import CRenderer
 from powerfusion.backends.source import KernelSource, RenderError
 from powerfusion.gir.ir import GIRGraph, Level
@@ -106,7 +106,7 @@ class _FlatTile(RegLayout):
         return 1
 
 
-class CPULowering(KernelLowering):
+class CPULowering(KernelRenderer):
     def _register_layouts(self) -> dict[str, RegLayout]:
         out = {}
         for op in self.ops:

@@ -2,7 +2,7 @@
 what the cost model needs to know about how this renderer executes a kernel."""
 from __future__ import annotations
 
-from powerfusion.backends.cstyle.kernel import KernelLowering, vector_copy_ok
+from powerfusion.backends.cstyle.kernel import KernelRenderer, vector_copy_ok
 from powerfusion.backends.cstyle.streaming import STREAM_SLOTS, Run, stream_segments
 from powerfusion.gir.ir import GIRGraph, GOp
 
@@ -14,7 +14,7 @@ def streamed_ops(renderer, graph: GIRGraph, ops: tuple[GOp, ...], registers_per_
     if registers_per_lane < STREAM_SLOTS:
         return None
     try:
-        segs = stream_segments(KernelLowering(renderer, graph, ops, "cost"))
+        segs = stream_segments(KernelRenderer(renderer, graph, ops, "cost"))
     except Exception:   # a layout the renderer rejects: the search's feasibility check says so
         return None
     if segs is None:

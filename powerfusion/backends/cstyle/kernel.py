@@ -1,4 +1,4 @@
-"""Lowering of one kernel's gOperators to C lines (the instruction mapping of the C-style renderer).
+"""Rendering of one kernel's gOperators to C lines (the instruction mapping of the C-style renderer).
 
 Each gOperator kind has one method `_<kind>` that returns its lines; adding a kind
 touches this table only (INSTRUCTIONS at the bottom)."""
@@ -61,7 +61,7 @@ class RegLayout:
     slots: int  # per lane
 
 
-class KernelLowering:
+class KernelRenderer:
     def __init__(self, renderer, graph: GIRGraph, ops: tuple[GOp, ...], name: str):
         self.r, self.graph, self.ops, self.name = renderer, graph, ops, name
         self.P = graph.parallel
@@ -457,8 +457,8 @@ def unit_bound(guard: Expr) -> int | None:
     return None
 
 
-INSTRUCTIONS = {Move: KernelLowering._move, Elementwise: KernelLowering._elementwise,
-                Reduce: KernelLowering._reduce, Broadcast: KernelLowering._broadcast, Sync: KernelLowering._sync}
+INSTRUCTIONS = {Move: KernelRenderer._move, Elementwise: KernelRenderer._elementwise,
+                Reduce: KernelRenderer._reduce, Broadcast: KernelRenderer._broadcast, Sync: KernelRenderer._sync}
 
 
 class _Raw(Expr):
@@ -542,7 +542,7 @@ def _floor_ops(op: str, a: str, b: str) -> str:
     return f"pf_floordiv({a}, {b})" if op == "floordiv" else f"pf_mod({a}, {b})"
 
 
-def _simplified(low: KernelLowering, e: Expr) -> Expr:
+def _simplified(low: KernelRenderer, e: Expr) -> Expr:
     """`e` simplified where the kernel evaluates it: every expression under `unit_live` (u below
     the unit count), i and j (and a streamed loop's row ri) below the kernel's largest num and
     width. An expression that is the index or valid of its op's slices, in one context for all

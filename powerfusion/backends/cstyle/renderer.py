@@ -18,7 +18,7 @@ from functools import cached_property
 
 import jinja2
 
-from powerfusion.backends.cstyle.kernel import KernelLowering, c_float
+from powerfusion.backends.cstyle.kernel import KernelRenderer, c_float
 from powerfusion.backends.source import KernelSource
 from powerfusion.gir.ir import GIRGraph
 from powerfusion.names import sanitize
@@ -60,7 +60,7 @@ class CRenderer:
     def render(self, graph: GIRGraph) -> list[KernelSource]:
         out = []
         for k, ops in enumerate(graph.kernels()):
-            out.append(KernelLowering(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render())
+            out.append(KernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render())
         return out
 
     def convert(self, value: str, src: str, dst: str) -> str:

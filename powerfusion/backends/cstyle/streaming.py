@@ -1,6 +1,6 @@
 """Streamed row tiles: a long register tile is emitted as one loop over its rows.
 
-The lowering gives each register buffer a whole tile per lane and each gOperator its own
+The plain rendering gives each register buffer a whole tile per lane and each gOperator its own
 fully unrolled loop nest, so a tile lives from its first writer to its last reader. That is
 right for tiles of a few dozen slots; a unit owning a long row (LayerNorm over 65536
 elements: 2048 slots per lane) spills every slot to local memory.
@@ -10,7 +10,7 @@ stores, elementwise, register moves, broadcast and reduce over num -- run as one
 the rows (partly unrolled), each tile reduced to the one row the iteration handles. A tile
 read by a later run is re-loaded there when its only writer is a load of a global buffer the
 kernel never writes (rematerialisation: one more read of the row, usually from L2, instead of
-a spill of it). Kernels whose long tiles cannot all be made row-local keep the plain lowering.
+a spill of it). Kernels whose long tiles cannot all be made row-local keep the plain rendering.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def stream_segments(low) -> list | None:
                 segments.append([op])
         else:
             if any(s.buffer in long_tiles for s in op.inputs + op.outputs):
-                return None   # a long tile used outside a streamable op: keep the plain lowering
+                return None   # a long tile used outside a streamable op: keep the plain rendering
             segments.append(op)
     segments = _merge_siblings(segments)
     recipes = _recipes(low, long_tiles, num, width)

@@ -53,7 +53,7 @@ class MLURenderer:
         self.pipeline = pipeline  # False: every kernel in the plain synchronous form
 
     def render(self, graph: GIRGraph) -> list[KernelSource]:
-        from powerfusion.backends.mlu.lowering import MLUKernel
+        from powerfusion.backends.mlu.kernel import MLUKernel
         if graph.parallel.lanes != self.lanes:
             raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.lanes} lanes per unit; "
                               f"the MLU backend needs graphs built for target 'mlu370' (1 lane)")
