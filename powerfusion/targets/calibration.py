@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from powerfusion.targets.specs import LevelSpec, MemorySystem, TargetSpec
+from powerfusion.targets.target_spec import LevelSpec, MemorySystem, TargetSpec
 
 HERE = Path(__file__).resolve().parent / "calibrated"
 KEYS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"), ("MI250", "mi250"), ("MI100", "mi100"))
