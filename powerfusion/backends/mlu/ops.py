@@ -321,7 +321,7 @@ class OpEmitter:
 
 
 def _literal(x: float, dtype: str) -> str:
-    from powerfusion.backends.mlu.renderer import c_float
+    from powerfusion.backends.mlu.slices import c_float
     if dtype == "bool":
         return "true" if x else "false"
     if np_dtype(dtype).kind in "iu":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from powerfusion.backends.mlu.slices import c_float  # noqa: F401 -- named here too, for callers
 from powerfusion.backends.source import KernelSource, RenderError
 from powerfusion.names import sanitize
 from powerfusion.gir.ir import GIRGraph, GOp, Level, Scope, Sync
@@ -123,13 +124,3 @@ def kernel_parts(graph: GIRGraph) -> list[tuple[GOp, ...]]:
             keep.pop()  # syncs before the first recomputed op guard nothing
         out.append(tuple(reversed(keep)) + tuple(ops))
     return out
-
-
-def c_float(x: float) -> str:
-    """A float literal that both cncc (clang) and g++ accept, NaN and infinities included."""
-    import math
-    if math.isnan(x):
-        return "__builtin_nanf(\"\")"
-    if math.isinf(x):
-        return "(-__builtin_inff())" if x < 0 else "__builtin_inff()"
-    return f"{float(x)!r}f"

@@ -92,3 +92,13 @@ def _may_be_negative(e: Expr) -> bool:
     if isinstance(e, BinOp):
         return e.op == "sub" or _may_be_negative(e.a) or _may_be_negative(e.b)
     return not (hasattr(e, "text") or e.__class__.__name__ == "Var")
+
+
+def c_float(x: float) -> str:
+    """A float literal that both cncc (clang) and g++ accept, NaN and infinities included."""
+    import math
+    if math.isnan(x):
+        return "__builtin_nanf(\"\")"
+    if math.isinf(x):
+        return "(-__builtin_inff())" if x < 0 else "__builtin_inff()"
+    return f"{float(x)!r}f"
