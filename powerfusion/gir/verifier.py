@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, loads, variables
+from powerfusion.gir.expr import Expr, loads, variables
 from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, Move, Reduce, Scope, Sync
+from powerfusion.gir.verifier_flow import GIRVerifyError, _Flow, interval  # noqa: F401 -- named here for callers
 from powerfusion.scalar import SCALAR_FNS
 
 CAP = 1 << 21  # elements of evaluation and per-element state the walk may hold
 _REDUCE_FNS = ("sum", "max", "min", "prod")
-
-
-class GIRVerifyError(Exception):
-    """A GIR graph breaks a structural or data-flow rule (a template or rewrite bug)."""
 
 
 def verify(graph: GIRGraph, cap: int = CAP, seed: int = 0) -> None:
@@ -144,54 +141,3 @@ def _group_uniform(guard: Expr, P) -> bool:
     pad = (-len(v)) % P.units_per_group
     v = np.concatenate([v, np.repeat(v[-1:], pad)]).reshape(-1, P.units_per_group)
     return bool(np.all(v == v[:, :1]))
-
-
-# ---- interval evaluation (for index expressions that load) ------------------------------
-
-_BIG = 1 << 62
-
-
-def interval(e: Expr, env) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) bounds of e over u, i, j bound to arrays; a Load may return any int64."""
-    if isinstance(e, Const):
-        return np.int64(e.value), np.int64(e.value)
-    if isinstance(e, Var):
-        return env[e.name], env[e.name]
-    if isinstance(e, Load):
-        return np.int64(-_BIG), np.int64(_BIG)
-    if isinstance(e, Select):
-        clo, chi = interval(e.cond, env)
-        alo, ahi = interval(e.a, env)
-        blo, bhi = interval(e.b, env)
-        lo = np.where(clo == chi, np.where(clo != 0, alo, blo), np.minimum(alo, blo))
-        hi = np.where(clo == chi, np.where(clo != 0, ahi, bhi), np.maximum(ahi, bhi))
-        return lo, hi
-    assert isinstance(e, BinOp), e
-    alo, ahi = interval(e.a, env)
-    blo, bhi = interval(e.b, env)
-    with np.errstate(all="ignore"):
-        if e.op == "add":
-            return np.clip(alo + blo, -_BIG, _BIG), np.clip(ahi + bhi, -_BIG, _BIG)
-        if e.op == "sub":
-            return np.clip(alo - bhi, -_BIG, _BIG), np.clip(ahi - blo, -_BIG, _BIG)
-        if e.op == "mul":
-            c = [np.clip(x.astype(np.float64) * y, -_BIG, _BIG) for x in (alo, ahi) for y in (blo, bhi)]
-            return np.minimum.reduce(c).astype(np.int64), np.maximum.reduce(c).astype(np.int64)
-        if e.op in ("min", "max"):
-            f = np.minimum if e.op == "min" else np.maximum
-            return f(alo, blo), f(ahi, bhi)
-        if e.op == "floordiv":  # divisors in index expressions are positive constants
-            d = np.maximum(blo, 1)
-            return alo // d, ahi // d
-        if e.op == "mod":
-            exact = (alo == ahi) & (blo == bhi)
-            m = np.maximum(bhi, 1)
-            return np.where(exact, alo % m, 0), np.where(exact, alo % m, m - 1)
-    # comparisons and logic: exact when both sides are, else unknown (0..1)
-    from powerfusion.gir.expr import _NP_BINOPS
-    exact = (alo == ahi) & (blo == bhi)
-    v = _NP_BINOPS[e.op](alo, blo).astype(np.int64)
-    return np.where(exact, v, 0), np.where(exact, v, 1)
-
-
-from powerfusion.gir.verifier_flow import _Flow  # noqa: E402  (the data-flow walk lives apart)
