@@ -90,14 +90,14 @@ class CPURenderer(CRenderer):
         if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:
             raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.units_per_group} unit(s) "
                               f"of {graph.parallel.lanes} lane(s) per group; the CPU target runs one unit of one lane")
-        return [CPULowering(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
+        return [CPUKernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
                 for k, ops in enumerate(graph.kernels())]
 
 
 class _FlatTile(RegLayout):
     """A register tile of one lane: element (i, j) of any identity-layout slice is slot
     i * width + j, so every tile has the same layout whatever its slices' widths (equal
-    layouts are what the shared lowering checks); `slots` only sizes the declaration."""
+    layouts are what the shared kernel renderer checks); `slots` only sizes the declaration."""
 
     def __eq__(self, other):
         return isinstance(other, RegLayout) and not other.replicated and other.vec == 1
@@ -106,7 +106,7 @@ class _FlatTile(RegLayout):
         return 1
 
 
-class CPULowering(KernelRenderer):
+class CPUKernelRenderer(KernelRenderer):
     def _register_layouts(self) -> dict[str, RegLayout]:
         out = {}
         for op in self.ops:
