@@ -345,13 +345,6 @@ def _progress(opts):
     return lambda message: print(f"[powerfusion] {message}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def _timed(say, step: str):
-    start = time.perf_counter()
-    yield
-    say(f"{step}: {time.perf_counter() - start:.2f} s")
-
-
 def _node_arg(t: TensorInfo) -> NodeArg:
     return NodeArg(t.name, [int(d) for d in t.shape], onnx_type_string(t.dtype))
 
