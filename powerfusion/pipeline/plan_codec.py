@@ -30,7 +30,7 @@ class CodecError(ValueError):
 
 def _search_classes():
     from powerfusion.perfmodel.cost import Estimate
-    from powerfusion.pipeline.search import PlanChoice, RankedPlan
+    from powerfusion.pipeline.choice import PlanChoice, RankedPlan
     return PlanChoice, RankedPlan, Estimate
 
 

@@ -147,7 +147,7 @@ def read_entry(text: str, key: str):
         choice = decode(doc["payload"]["choice"])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CodecError):
         return None
-    from powerfusion.pipeline.search import PlanChoice
+    from powerfusion.pipeline.choice import PlanChoice
     return (choice, names) if isinstance(choice, PlanChoice) and isinstance(choice.graph, GIRGraph) \
         and isinstance(choice.merged, GIRGraph) else None
 

@@ -30,12 +30,14 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from powerfusion.backends.registry import backend
 from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.ir import GIRGraph, Level, Sync
 from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds
+# the search's answer types live apart, so that the plan cache's codec reads them without this module
+from powerfusion.pipeline.choice import PlanChoice, RankedPlan  # noqa: F401
 from powerfusion.targets.specs import TargetSpec, get_target
 
 TOP_K = 8
@@ -44,37 +46,6 @@ PROGRESS_MIN = 12   # show a progress bar from this many candidates on
 # CPU seconds of rewriting per subgraph beyond which alternatives are not tried
 # (POWERFUSION_SEARCH_BUDGET_S overrides: a loaded machine spends more CPU time per rewrite)
 SEARCH_BUDGET_S = float(os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "10"))
-
-
-@dataclass(frozen=True)
-class RankedPlan:
-    labels: tuple[str, ...]        # template label per basic op (lowering order)
-    predicted_s: float
-    measured_s: float | None = None
-    kernels: int = 0
-    note: str = ""                 # why it was dropped ("" when it was a valid candidate)
-
-
-@dataclass(frozen=True)
-class PlanChoice:
-    graph: GIRGraph                # the chosen plan, optimised
-    merged: GIRGraph               # the same plan before rewriting
-    trace: tuple = ()              # rewrite.TraceStep of every rule application
-    predicted_s: float = math.inf
-    measured_s: float | None = None
-    estimate: Estimate | None = None
-    considered: int = 0            # plans enumerated
-    rewritten: int = 0             # plans optimised and predicted
-    pruned: int = 0                # plans skipped by the bound or the beam
-    infeasible: int = 0            # plans the lowering, verifier or renderer rejected
-    top: tuple[RankedPlan, ...] = ()
-    key: str = ""
-    source: str = "search"         # "search" | "memo" | "disk"
-    seconds: float = 0.0           # wall time spent choosing
-    labels: tuple[str, ...] = field(default=())
-    note: str = ""                 # set when no rewritten plan was feasible and a merged plan runs as lowered,
-                                   # or when the time budget left plans untried
-    unsearched: int = 0            # plans not rewritten because the time budget ran out
 
 
 def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str = "cuda", *, tune: bool = False,
