@@ -11,5 +11,6 @@ from powerfusion.plan import KernelStep, LibraryStep, Plan  # noqa: F401 -- name
 
 
 def compile_model(model, target: str = "cuda", shapes=None, *, tune: bool = False, codegen: bool = True,
-                  progress=None) -> Plan:
-    return compile(model, target, CompileOptions(shapes=shapes, tune=tune, render=codegen, progress=progress))
+                  progress=None, precision="fp32") -> Plan:
+    return compile(model, target, CompileOptions(shapes=shapes, tune=tune, render=codegen, progress=progress,
+                                                 precision=precision))

@@ -113,18 +113,13 @@ class InferenceSession:
         if isinstance(shapes, str):
             from powerfusion.frontend.loader import parse_shapes
             shapes = parse_shapes(shapes)
-        if self.options.precision not in ("fp32", "float32"):   # AMP: an ONNX rewrite before import
-            from powerfusion.frontend.loader import load_model
-            from powerfusion.precision import apply_precision
-            model = apply_precision(load_model(model, shapes), self.options.precision, self.target)
-            self._model = model
         say = _progress(self.options)
         steps = _BuildSteps(say, backend)
         if backend != "cpu":
             make_executor = _runtime(entry)
             detail = say if self.options.verbose >= 2 else None   # -vv: each subgraph as the search reaches it
             plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
-                                                              progress=detail), (steps,))
+                                                              precision=self.options.precision, progress=detail), (steps,))
             steps.done(f"compile for {backend}")
             if detail:
                 detail("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
@@ -135,6 +130,7 @@ class InferenceSession:
             # pipeline cannot compile runs on the basic-op executor (named, warned)
             failed = _Failures()
             plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
+                                                              precision=self.options.precision,
                                                               choose="default", render=False,
                                                               plan_target=CPU_SESSION_TARGET, keep_going=True,
                                                               zero_size="keep"),

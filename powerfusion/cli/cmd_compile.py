@@ -52,11 +52,8 @@ def main(args) -> int:
     from powerfusion.compiler import compile_model
     from powerfusion.pipeline.plan_io import write_plan
     compile_cache.remove_stamp(args.output)   # a half-written folder must not look up to date
-    if args.precision != "fp32":   # AMP rewrite of the ONNX model, weighed by this target's figures
-        from powerfusion.frontend.loader import load_model
-        from powerfusion.precision import apply_precision
-        model = apply_precision(load_model(model, shapes), args.precision, args.target)
-    plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress)
+    # with --precision, the pipeline's import rewrites the ONNX model (AMP), weighed by this target's figures
+    plan = compile_model(model, args.target, shapes, tune=args.tune, progress=progress, precision=args.precision)
     t2 = time.perf_counter()
     path = write_plan(plan, args.output, entry.extension)
     t3 = time.perf_counter()

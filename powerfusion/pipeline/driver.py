@@ -32,6 +32,7 @@ from powerfusion.targets.specs import TargetSpec, get_target
 class CompileOptions:
     shapes: dict | str | None = None  # fixed sizes of dynamic input dimensions
     fallback: str | None = None       # "onnxruntime": unsupported nodes run there (CPU), not an error
+    precision: object = "fp32"        # "fp16" | "bf16" | precision.AmpConfig: the AMP rewrite of the ONNX model
     # "refuse": for a non-CPU target, nodes only the CPU runs are an UnsupportedOpError after the
     # import; "keep": they stay (inspect and the visualiser show the rest)
     cpu_only_nodes: str = "refuse"
@@ -96,6 +97,10 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
     if not isinstance(graph, BasicGraph):
         from powerfusion.frontend import import_model
         with timer("import"):
+            if options.precision not in ("fp32", "float32"):   # AMP: an ONNX rewrite before the import
+                from powerfusion.frontend.loader import load_model
+                from powerfusion.precision import apply_precision
+                model = apply_precision(load_model(model, options.shapes), options.precision, target)
             graph = import_model(model, options.shapes, fallback=options.fallback)
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
