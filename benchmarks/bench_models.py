@@ -46,15 +46,7 @@ def _ours(name: str, feeds: dict):
     sess = InferenceSession(str(ROOT / "models" / "small" / f"{name}.onnx"), target="cuda",
                             options={"cuda_graph": True})
     out = sess.run(None, feeds)[0]
-    runner = sess._executor
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(30):
-        start.record()
-        runner._replay()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    times = graph_replay_times(sess)
     lat = []
     for _ in range(30):
         t0 = time.perf_counter()
@@ -128,5 +120,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def graph_replay_times(sess, repeats: int = 30) -> list[float]:
+    """Seconds of each of `repeats` replays of a cuda_graph session's captured run, between events."""
+    import cupy
+    runner = sess._executor
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        runner._replay()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return times
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

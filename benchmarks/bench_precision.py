@@ -34,17 +34,8 @@ OURS = ("fp32", "fp16", "bf16", "int8-static", "int8-dynamic")
 
 
 def _device_time(sess) -> float:
-    import cupy
-    runner = sess._executor
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(30):
-        start.record()
-        runner._replay()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return statistics.median(times)
+    from bench_models import graph_replay_times
+    return statistics.median(graph_replay_times(sess))
 
 
 def _model_for(kind: str, model, recipe):

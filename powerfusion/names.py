@@ -81,3 +81,13 @@ def _shorten(name: str, limit: int) -> str:
     import hashlib
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
     return f"{name[:limit - 13]}_{digest}"
+
+
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first not in `taken`, which it joins."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

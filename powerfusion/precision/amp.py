@@ -192,12 +192,8 @@ class _Rewriter:
         return self.const_low[name]
 
     def _fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        from powerfusion.names import fresh_name
+        return fresh_name(base, self.taken)
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> None:

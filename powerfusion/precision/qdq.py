@@ -73,12 +73,8 @@ class _Lowering:
         self.new: list = []
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        return name
+        from powerfusion.names import fresh_name
+        return fresh_name(base, self.taken)
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs) -> str:
         out = out or self.fresh(f"pf_q_{op_type.lower()}")
