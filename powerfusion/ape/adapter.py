@@ -18,15 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .reference import MASK_B, MASK_F, MASK_FP32
+from .reference import MASK_B, MASK_F, MASK_FP32, PANEL, panel_classes
 
-PANEL = 128          # K panel of the mixed plan (a multiple of every GEMM's K tile)
 MASK_ROWS = 128      # rows (of A) / columns (of B) per mask block
-
-
-def panel_classes(a_panels: np.ndarray, b_panels: np.ndarray) -> np.ndarray:
-    """Class of each K panel: the larger of A's column-panel class and B's row-panel class."""
-    return np.maximum(np.asarray(a_panels, np.int8), np.asarray(b_panels, np.int8))
 
 
 def f_block_fraction(mask_a: np.ndarray, mask_b: np.ndarray) -> float:

@@ -18,6 +18,14 @@ from powerfusion.errors import PowerFusionError
 from .types import FP32_B, FP32_F, TYPES, EmulatedType, split, split_int16
 
 MASK_F, MASK_B, MASK_FP32 = 0, 1, 2
+PANEL = 128          # K panel of the mixed plan (a multiple of every GEMM's K tile)
+
+
+def panel_classes(a_panels: np.ndarray, b_panels: np.ndarray) -> np.ndarray:
+    """Class of each K panel: the larger of A's column-panel class and B's row-panel class."""
+    return np.maximum(np.asarray(a_panels, np.int8), np.asarray(b_panels, np.int8))
+
+
 MODES = ("auto", "fp32", "fp32-f", "fp32-t", "fp32-b")
 
 
@@ -114,7 +122,6 @@ def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f") -> np.n
         return (a @ b).astype(np.float32)
     if mode != "auto":
         return emulated_matmul(a, b, TYPES[mode])
-    from .adapter import PANEL, panel_classes
     cls = panel_classes(block_mask(a, (a.shape[0], PANEL))[0], block_mask(b, (PANEL, b.shape[1]))[:, 0])
     c = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for kind, t in ((MASK_FP32, None), (MASK_B, FP32_B), (MASK_F, FP32_F)):
