@@ -3,7 +3,7 @@ outputs, against the device time of the same session's CUDA-graph replay.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_iobinding.py [--models sardrn_small,resnet_small] [--calls 2000]
 
-Per model: device time (graph replay between CUDA events, median of --calls), the wall time of
+Per model: device time (back-to-back graph replays between CUDA events, median per replay), the wall time of
 one `sess.run_with_iobinding(binding)` (median of --calls, each synchronised, as the call itself
 synchronises) and of one `sess.run(None, numpy feeds)`; overhead = binding call - device time.
 The issue's target is overhead <= 20 us. Writes benchmarks/results/iobinding-overhead.json/.md.
@@ -19,14 +19,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TARGET_US = 20.0
+PROFILE = False
 
 
 def measure(name: str, calls: int) -> dict:
     import cupy
     import numpy as np
     import powerfusion as pf
+    from bench_models import graph_replay_times
     sess = pf.InferenceSession(pf.demo_model(name), providers=["CUDAExecutionProvider"],
                                options={"cuda_graph": True})
     rng = np.random.default_rng(0)
@@ -40,15 +43,7 @@ def measure(name: str, calls: int) -> dict:
         binding.bind_output(k, "cuda", 0, np.float32, v.shape, v.data.ptr)
     for _ in range(20):
         sess.run_with_iobinding(binding)
-    runner = sess._executor
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    device = []
-    for _ in range(calls):
-        start.record()
-        runner._replay()
-        stop.record()
-        stop.synchronize()
-        device.append(cupy.cuda.get_elapsed_time(start, stop) * 1e3)
+    device = [t * 1e6 for t in graph_replay_times(sess, repeats=max(calls // 20, 10))]
     bound, plain = [], []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -58,6 +53,16 @@ def measure(name: str, calls: int) -> dict:
         t0 = time.perf_counter()
         sess.run(None, host)
         plain.append((time.perf_counter() - t0) * 1e6)
+    if PROFILE:   # where the host time of a bound call goes (printed; not recorded)
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            sess.run_with_iobinding(binding)
+        prof.disable()
+        print(f"---- {name}: cProfile of 500 run_with_iobinding calls")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     dev_us, bound_us = statistics.median(device), statistics.median(bound)
     return {"model": name, "device_us": round(dev_us, 2), "iobinding_call_us": round(bound_us, 2),
             "overhead_us": round(bound_us - dev_us, 2), "run_numpy_us": round(statistics.median(plain), 2),
@@ -69,7 +74,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="sardrn_small,resnet_small,shufflenet_small")
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of the bound calls per model")
     args = ap.parse_args(argv)
+    global PROFILE
+    PROFILE = args.profile
     rows = [measure(m, args.calls) for m in args.models.split(",")]
     meta = run_metadata(target_overhead_us=TARGET_US)
     try:

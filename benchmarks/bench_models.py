@@ -120,18 +120,22 @@ def main(argv=None) -> int:
     return 0
 
 
-def graph_replay_times(sess, repeats: int = 30) -> list[float]:
-    """Seconds of each of `repeats` replays of a cuda_graph session's captured run, between events."""
+def graph_replay_times(sess, repeats: int = 30, per_sample: int = 20) -> list[float]:
+    """Seconds per replay of a cuda_graph session's captured run: `repeats` samples, each of
+    `per_sample` back-to-back replays between two events, as harness.time_torch times torch's
+    graphs (launch latency and host gaps amortised the same way on both sides)."""
     import cupy
     runner = sess._executor
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
-    for _ in range(repeats):
-        start.record()
-        runner._replay()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    with cupy.cuda.Device(runner.device_id):
+        for _ in range(repeats):
+            start.record()
+            for _ in range(per_sample):
+                runner._replay()
+            end.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / per_sample)
     return times
 
 
