@@ -57,8 +57,23 @@ class CudaPlanRunner:
         self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
+        self._plan_convs(cupy)
         from powerfusion.backends.cuda import ape_route
         self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
+
+    def _plan_convs(self, cupy) -> None:
+        """Each Conv step's route, chosen once here: a cuDNN graph built for its shapes
+        (cudnn_conv.py), all sharing one workspace allocated now (before any capture), or
+        im2col + cuBLAS with the reason in `fallbacks`."""
+        from powerfusion.backends.cuda import cudnn_conv
+        convs = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Conv)]
+        self.convs, self.fallbacks = cudnn_conv.plan_convs(self.graph, convs, self.device_id)
+        for node in convs:
+            if node.name in self.fallbacks and len(self.graph.tensors[node.inputs[0]].shape) > 4:
+                raise PowerFusionError(f"Conv '{node.name}': a 3-D convolution needs cuDNN here (im2col + cuBLAS "
+                                       f"runs 1-D and 2-D); {self.fallbacks[node.name]}")
+        need = max((c.workspace_bytes for c in self.convs.values()), default=0)
+        self._conv_workspace = cupy.empty(need, dtype=np.uint8) if need else None
 
     @property
     def library_routes(self) -> dict[str, str]:
@@ -126,6 +141,11 @@ class CudaPlanRunner:
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
         from powerfusion.backends.cuda import blas, library
+        conv = self.convs.get(node.name)
+        if conv is not None:   # cuDNN, chosen when the runner was built
+            conv.bind(cupy.cuda.get_current_stream().ptr)
+            conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._conv_workspace)
+            return True
         if self._blas is None:
             if not blas.available():
                 return False
@@ -149,6 +169,8 @@ class CudaPlanRunner:
         if isinstance(s, KernelStep):
             return True
         node = s.call.node
+        if node.name in self.convs:
+            return node.name in self._direct
         if node.name in self._direct:
             return self._ape is None or self._ape.capturable(node.name)
         return isinstance(node.op, TypedMatMul) and self.typed[node.name][0].fused
@@ -284,6 +306,8 @@ class CudaPlanRunner:
                     self._blas.bind(capture)   # before the capture: binding is not a stream operation
                 if self._ape is not None:
                     self._ape.bind(capture)
+                for conv in self.convs.values():
+                    conv.bind(capture.ptr)
                 capture.begin_capture()
                 self._run_steps(steps)
                 pieces.append(("graph", capture.end_capture()))

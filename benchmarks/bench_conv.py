@@ -1,0 +1,246 @@
+"""Convolution layers of real models, device time by CUDA-graph replay: our cuDNN route
+(powerfusion/backends/cuda/cudnn_conv.py), our im2col + cuBLAS route (library.conv_into) and
+torch's conv (cuDNN; heuristics and `cudnn.benchmark` autotuning), fp32 (TF32 off on every side),
+fp16 and bf16, batch 1 and 8, with the bias an exported model carries (BatchNorm folded in).
+
+Layers (torchvision shapes at 224x224): ResNet-18's 7x7 stride-2 stem, 3x3 convs of its first
+and last stage and a stride-2 3x3; ResNet-50's 1x1 reduce / expand convs and a 3x3 of stage 3;
+depthwise 3x3 (MobileNetV2, stride 1 and 2) and 5x5 (EfficientNet-B0); a MobileNet 1x1.
+Depthwise convs below the ridge point run as GIR in a session; they are timed here as library
+calls all the same, since a session sends those above it (and all of them without GIR) here.
+
+Each impl is captured once over enough input sets to exceed twice the L2 (every call reads
+DRAM) and replayed; rows give microseconds per call, the route's own notes (the cuDNN engine,
+why im2col declined), and the cuDNN graph's build time.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_conv.py [--out DIR] [--budget-s 200] [--only resnet]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import RESULTS_DIR, _latency, _time_with_events, input_sets_needed, l2_bytes, run_metadata  # noqa: E402
+
+# name: (C_in, H, W, C_out, kernel, stride, pad, group)
+LAYERS = {
+    "resnet18.stem7x7s2": (3, 224, 224, 64, 7, 2, 3, 1),
+    "resnet18.layer1.3x3": (64, 56, 56, 64, 3, 1, 1, 1),
+    "resnet18.layer2.3x3s2": (64, 56, 56, 128, 3, 2, 1, 1),
+    "resnet18.layer4.3x3": (512, 7, 7, 512, 3, 1, 1, 1),
+    "resnet50.layer1.1x1reduce": (256, 56, 56, 64, 1, 1, 0, 1),
+    "resnet50.layer1.1x1expand": (64, 56, 56, 256, 1, 1, 0, 1),
+    "resnet50.layer3.1x1reduce": (1024, 14, 14, 256, 1, 1, 0, 1),
+    "resnet50.layer3.3x3": (256, 14, 14, 256, 3, 1, 1, 1),
+    "mobilenetv2.dw3x3": (144, 56, 56, 144, 3, 1, 1, 144),
+    "mobilenetv2.dw3x3s2": (96, 112, 112, 96, 3, 2, 1, 96),
+    "efficientnet_b0.dw5x5": (240, 28, 28, 240, 5, 1, 2, 240),
+    "mobilenetv2.1x1": (32, 112, 112, 16, 1, 1, 0, 1),
+}
+DTYPES = ("float32", "float16", "bfloat16")
+BATCHES = (1, 8)
+IMPLS = ("ours-cudnn", "ours-im2col", "torch", "torch-benchmark")
+
+
+def _shape(layer, batch, dtype):
+    from powerfusion.backends.cuda.cudnn_conv import ConvShape
+    c, h, w, m, k, s, p, g = LAYERS[layer]
+    return ConvShape((batch, c, h, w), (m, c // g, k, k), True, (s, s), (p, p), (p, p), (1, 1), dtype)
+
+
+def _arrays(shape, sets):
+    """`sets` (x, w, b, y) CuPy sets; bf16 as uint16 bits (as the session's arena holds it)."""
+    import cupy
+    import ml_dtypes
+    rng = np.random.default_rng(0)
+    host_dtype = ml_dtypes.bfloat16 if shape.dtype == "bfloat16" else np.dtype(shape.dtype)
+
+    def dev(a):
+        a = a.astype(host_dtype)
+        return cupy.asarray(a.view(np.uint16) if shape.dtype == "bfloat16" else a)
+    w = dev(rng.standard_normal(shape.w) / np.sqrt(np.prod(shape.w[1:])))
+    b = dev(rng.standard_normal(shape.w[0]))
+    out = []
+    for _ in range(sets):
+        x = dev(rng.standard_normal(shape.x, dtype=np.float32))
+        y = cupy.empty(shape.out, dtype=x.dtype)
+        out.append((x, w, b, y))
+    return out
+
+
+def _time_captured(fn, arg_sets, bind) -> dict:
+    """Device time per call by replaying one captured graph of fn over every arg set (`bind`
+    gives the handles the capture stream first), and the per-call latency."""
+    import cupy
+    for args in arg_sets:
+        fn(*args)
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        bind(stream)
+        stream.begin_capture()
+        try:
+            for args in arg_sets:
+                fn(*args)
+        finally:
+            graph = stream.end_capture()
+        graph.upload(stream)
+        per_replay, _ = _time_with_events(lambda: graph.launch(stream), cupy.cuda.Event, stream.synchronize)
+    bind(cupy.cuda.get_current_stream())
+    latency = _latency(lambda i: fn(*arg_sets[i % len(arg_sets)]), cupy.cuda.Device().synchronize, 30)
+    return {"device_time_s": per_replay / len(arg_sets), "latency_s": latency, "method": "cuda-graph"}
+
+
+def _ours_cudnn(shape, arg_sets) -> dict:
+    import cupy
+    from powerfusion.backends.cuda import cudnn_conv
+    t0 = time.perf_counter()
+    conv = cudnn_conv.build(shape, cupy.cuda.Device().id)
+    build_s = time.perf_counter() - t0
+    ws = cupy.empty(max(conv.workspace_bytes, 1), dtype=np.uint8)
+    row = _time_captured(lambda x, w, b, y: conv(x, w, b, y, ws), arg_sets, lambda s: conv.bind(s.ptr))
+    return {**row, "build_s": build_s, "note": f"{conv.plan_name}; bias {'fused' if conv.fused_bias else 'kernel'};"
+            f" workspace {conv.workspace_bytes} B"}
+
+
+@functools.cache
+def _blas():
+    from powerfusion.backends.cuda.blas import Blas
+    return Blas()
+
+
+def _ours_im2col(shape, arg_sets) -> dict:
+    import cupy
+    from powerfusion.backends.cuda import library
+    blas, cols = _blas(), {}
+    blas.bind(cupy.cuda.get_current_stream())
+    logical = "bfloat16" if shape.dtype == "bfloat16" else None
+    x, w, b, y = arg_sets[0]
+    kw = dict(strides=shape.strides, pads=shape.pad_begins + shape.pad_ends, dilations=shape.dilations,
+              group=shape.x[1] // shape.w[1], logical_dtype=logical)
+    if not library.conv_into(blas, x, w, b, y, cols, **kw):
+        return {"error": "im2col path declines this conv (the session runs library.conv eagerly, uncaptured)"}
+    return _time_captured(lambda x, w, b, y: library.conv_into(blas, x, w, b, y, cols, **kw), arg_sets, blas.bind)
+
+
+def _torch(shape, arg_sets, benchmark: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from harness import time_torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = benchmark
+    dt = getattr(torch, shape.dtype)
+
+    def as_torch(a):   # bf16 bits travel as int16 (DLPack has no uint16 view into bfloat16 in torch)
+        return torch.from_dlpack(a.view(np.int16)).view(dt) if shape.dtype == "bfloat16" else torch.from_dlpack(a)
+    sets = [tuple(as_torch(a) for a in s[:3]) for s in arg_sets]
+    group = shape.x[1] // shape.w[1]
+
+    def fn(x, w, b):
+        return F.conv2d(x, w, b, shape.strides, shape.pad_begins, shape.dilations, group)
+    t = time_torch(fn, sets, latency_calls=30)
+    return {"device_time_s": t.device_time_s, "latency_s": t.latency_s, "method": t.method}
+
+
+def bench(layer, batch, dtype) -> list[dict]:
+    import cupy
+    shape = _shape(layer, batch, dtype)
+    item = np.dtype(np.float32 if dtype == "float32" else np.float16).itemsize
+    per_set = item * (int(np.prod(shape.x)) + int(np.prod(shape.w)) + int(np.prod(shape.out)))
+    arg_sets = _arrays(shape, input_sets_needed(per_set, l2_bytes(), cap=16))
+    flops = 2 * int(np.prod(shape.out)) * int(np.prod(shape.w[1:]))
+    rows = []
+    for impl in IMPLS:
+        base = {"layer": layer, "batch": batch, "dtype": dtype, "impl": impl, "x": list(shape.x), "w": list(shape.w),
+                "flops": flops}
+        try:
+            if impl == "ours-cudnn":
+                r = _ours_cudnn(shape, arg_sets)
+            elif impl == "ours-im2col":
+                r = _ours_im2col(shape, arg_sets)
+            else:
+                r = _torch(shape, arg_sets, benchmark=impl == "torch-benchmark")
+        except Exception as e:
+            traceback.print_exc()
+            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        rows.append({**base, **r})
+    del arg_sets
+    cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def markdown(rows, meta) -> str:
+    head = [f"# conv", "", f"{meta.get('device', '?')}, {meta['date']}, commit {meta['git_commit']}, "
+            f"cuDNN {meta.get('cudnn', '?')} (frontend {meta.get('cudnn_frontend', '?')}), torch {meta.get('torch', '?')}.",
+            "Device microseconds per call by CUDA-graph replay (inputs beyond L2); fp32 without TF32 everywhere; "
+            "the bias of an exported model (BatchNorm folded) included.", "",
+            "| layer | batch | dtype | ours-cudnn | ours-im2col | torch | torch-benchmark | cudnn / torch | cuDNN engine |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["layer"], r["batch"], r["dtype"]), {})[r["impl"]] = r
+    lines, ratios = [], []
+    for (layer, batch, dtype), impls in by.items():
+        us = {k: (f"{v['device_time_s'] * 1e6:.1f}" if "device_time_s" in v else "-") for k, v in impls.items()}
+        ours, torch_t = impls.get("ours-cudnn", {}), impls.get("torch", {})
+        ratio = ""
+        if "device_time_s" in ours and "device_time_s" in torch_t:
+            ratios.append(torch_t["device_time_s"] / ours["device_time_s"])
+            ratio = f"{ratios[-1]:.2f}x"
+        engine = ours.get("note", ours.get("error", "")).split(";")[0]
+        lines.append(f"| {layer} | {batch} | {dtype} | " + " | ".join(us.get(i, "-") for i in IMPLS)
+                     + f" | {ratio} | {engine} |")
+    tail = [""]
+    if ratios:
+        tail.append(f"Geomean speed of ours-cudnn over torch (heuristics): "
+                    f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x over {len(ratios)} rows "
+                    f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x). '-' = not run; the JSON says why.")
+    tail += [f"- {n}" for n in meta.get("notes", [])]
+    return "\n".join(head + lines + tail) + "\n"
+
+
+def main(argv=None) -> int:
+    import json
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    args = ap.parse_args(argv)
+    from powerfusion.backends.cuda import cudnn_conv
+    cudnn, why = cudnn_conv.load()
+    t_end, rows = time.perf_counter() + args.budget_s, []
+    for dtype in args.dtypes.split(","):
+        for batch in BATCHES:
+            for layer in LAYERS:
+                if args.only not in layer:
+                    continue
+                if time.perf_counter() > t_end:
+                    rows.append({"layer": layer, "batch": batch, "dtype": dtype, "impl": "all",
+                                 "error": f"not reached within --budget-s {args.budget_s}"})
+                    continue
+                rows += bench(layer, batch, dtype)
+                for r in rows[-len(IMPLS):]:
+                    print(f"{layer:28s} b{batch} {dtype:8s} {r['impl']:16s} "
+                          + (f"{r['device_time_s'] * 1e6:9.1f} us" if "device_time_s" in r else r.get("error", "")),
+                          flush=True)
+    meta = run_metadata(suite="conv", cudnn=cudnn.backend_version() if cudnn else why,
+                        cudnn_frontend=getattr(cudnn, "__version__", None))
+    out = Path(args.out) if args.out else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conv.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (out / "conv.md").write_text(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

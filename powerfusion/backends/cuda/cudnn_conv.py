@@ -1,0 +1,276 @@
+"""Convolution through cuDNN's graph API, by NVIDIA's Python frontend (`nvidia-cudnn-frontend`,
+imported as `cudnn`; the libraries come from the `nvidia-cudnn-cu13` wheel that torch installs).
+
+Why the frontend and not our own bindings: CuPy 14 ships no cuDNN, and the frontend is NVIDIA's
+supported way to the graph API (heuristics, plan building, the engine filters used here) with a
+stable Python surface. It is optional: where it does not import, convolutions stay on the
+im2col + cuBLAS path of library.py, and the runner reports that in its `fallbacks`.
+
+The route is chosen once when the runner is built (`plan_convs`): each Conv library step gets a
+cuDNN graph built for its exact shapes and dtype (cached per shape and device), or the reason it
+falls back. Execution is one `cudnnBackendExecute` on the handle's stream with the runner's one
+planned workspace, so it is captured in the session's CUDA graph like any kernel.
+
+Numerics: fp16 / bf16 accumulate in fp32 (tensor cores); fp32 engines that use tensor cores are
+deselected (they compute in TF32), so fp32 convolutions are as exact as the cuBLAS path (no TF32).
+
+The bias is fused into the graph (`conv_fprop -> bias`) where an engine supports that; else the
+conv runs alone and our bias kernel adds it in place. An activation after the conv lives in a GIR
+subgraph (the partition decides that), so it is not fused here.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import importlib.util
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+# ONNX dtype name -> cudnn.data_type member name
+_DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
+WORKSPACE_LIMIT = 256 << 20   # engines that need more are not considered
+
+
+@dataclass(frozen=True, slots=True)
+class ConvShape:
+    """One convolution as cuDNN sees it: NC* input, M(C/g)* weight, row-major, one dtype."""
+    x: tuple[int, ...]
+    w: tuple[int, ...]
+    bias: bool
+    strides: tuple[int, ...]
+    pad_begins: tuple[int, ...]
+    pad_ends: tuple[int, ...]
+    dilations: tuple[int, ...]
+    dtype: str
+
+    @property
+    def out(self) -> tuple[int, ...]:
+        sp = tuple((i + b + e - d * (k - 1) - 1) // s + 1 for i, k, s, b, e, d in zip(
+            self.x[2:], self.w[2:], self.strides, self.pad_begins, self.pad_ends, self.dilations))
+        return (self.x[0], self.w[0], *sp)
+
+    def as_2d(self) -> "ConvShape":
+        """A 1-D convolution as a 2-D one of height one (cuDNN's convolutions start at 2-D)."""
+        if len(self.x) != 3:
+            return self
+        return ConvShape((self.x[0], self.x[1], 1, self.x[2]), (self.w[0], self.w[1], 1, self.w[2]), self.bias,
+                         (1, *self.strides), (0, *self.pad_begins), (0, *self.pad_ends), (1, *self.dilations),
+                         self.dtype)
+
+
+def unsupported_reason(shape: ConvShape) -> str | None:
+    """Why cuDNN is not asked for this convolution at all (None: it is asked)."""
+    if shape.dtype not in _DTYPES:
+        return f"dtype {shape.dtype} (cuDNN is used for {', '.join(_DTYPES)})"
+    if not 1 <= len(shape.x) - 2 <= 3:
+        return f"{len(shape.x) - 2} spatial dimensions (cuDNN is used for 1 to 3)"
+    if any(d <= 0 for d in shape.out):
+        return f"empty output {shape.out}"
+    return None
+
+
+def _preload_library() -> None:
+    """Load libcudnn.so.9 from the nvidia-cudnn wheels where the frontend's own search (one
+    fixed folder of site-packages) would miss it; a library already loaded is found by soname."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcudnn.so.9"))):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
+
+
+@functools.cache
+def load():
+    """(the `cudnn` module, "") where the frontend imports and finds cuDNN's library, else
+    (None, why not). Probed once per process."""
+    try:
+        _preload_library()
+        import cudnn
+        version = cudnn.backend_version()
+    except Exception as e:   # ImportError, or a frontend that cannot reach libcudnn
+        return None, f"cuDNN frontend not usable here ({type(e).__name__}: {str(e).strip()[:200]})"
+    if version < 90000:
+        return None, f"cuDNN {version} is older than 9.0"
+    return cudnn, ""
+
+
+_LOCK = threading.Lock()
+_BOUND: dict[int, int] = {}   # handle -> the stream it runs on now
+
+
+@functools.cache
+def handle(device_id: int) -> int:
+    """One cuDNN handle per device (made on that device, kept for the process)."""
+    import cupy
+    cudnn, _ = load()
+    with cupy.cuda.Device(device_id):
+        return cudnn.create_handle()
+
+
+class CudnnConv:
+    """One convolution's cuDNN graph with its execution plan, built once; `__call__` enqueues
+    it on the handle's stream (bound by `bind`)."""
+
+    def __init__(self, shape: ConvShape, device_id: int):
+        self.shape, self.device_id = shape, device_id
+        self.handle = handle(device_id)
+        self.fused_bias = shape.bias
+        try:
+            self._build(shape.as_2d(), fuse_bias=shape.bias)
+        except Exception:
+            if not shape.bias:
+                raise
+            self.fused_bias = False   # no engine for conv + bias: the bias kernel adds it after
+            self._build(shape.as_2d(), fuse_bias=False)
+        self.workspace_bytes = int(self.graph.get_workspace_size())
+        self.plan_name = _plan_name(self.graph)
+
+    def _build(self, s: ConvShape, fuse_bias: bool) -> None:
+        cudnn, _ = load()
+        io = getattr(cudnn.data_type, _DTYPES[s.dtype])
+        g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
+        x = g.tensor(name="X", dim=list(s.x), stride=_row_major(s.x), data_type=io)
+        w = g.tensor(name="W", dim=list(s.w), stride=_row_major(s.w), data_type=io)
+        y = g.conv_fprop(image=x, weight=w, pre_padding=list(s.pad_begins), post_padding=list(s.pad_ends),
+                         stride=list(s.strides), dilation=list(s.dilations), compute_data_type=cudnn.data_type.FLOAT)
+        b = None
+        if fuse_bias:
+            bdim = [1, s.w[0]] + [1] * (len(s.x) - 2)
+            b = g.tensor(name="B", dim=bdim, stride=_row_major(bdim), data_type=io)
+            y = g.bias(input=y, bias=b)
+        y.set_output(True).set_data_type(io).set_dim(list(s.out)).set_stride(_row_major(s.out))
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        if s.dtype == "float32":   # tensor-core fp32 engines compute in TF32
+            g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+        g.deselect_workspace_greater_than(WORKSPACE_LIMIT)
+        g.check_support()
+        g.build_plans()
+        self.graph, self.tensors = g, (x, w, b, y)
+
+    def bind(self, stream_ptr: int) -> None:
+        """Queue later executions on this stream. Called before a capture begins, so that
+        inside it (same stream) nothing reaches cudnnSetStream."""
+        with _LOCK:
+            if _BOUND.get(self.handle) != stream_ptr:
+                load()[0].set_stream(self.handle, stream_ptr)
+                _BOUND[self.handle] = stream_ptr
+
+    def __call__(self, x, w, bias, out, workspace) -> None:
+        """out = conv(x, w) (+ bias), all CuPy arrays of the planned shapes; `workspace` holds at
+        least `workspace_bytes`."""
+        tx, tw, tb, ty = self.tensors
+        pack = {tx: x.data.ptr, tw: w.data.ptr, ty: out.data.ptr}
+        if tb is not None:
+            pack[tb] = bias.data.ptr
+        self.graph.execute(pack, workspace.data.ptr if workspace is not None else 0, handle=self.handle)
+        if bias is not None and not self.fused_bias:
+            add_bias(out, bias, self.shape.dtype)
+
+
+def _row_major(dims) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(list(dims)):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return strides[::-1]
+
+
+def _plan_name(graph) -> str:
+    try:
+        return str(graph.get_plan_name_at_index(0))
+    except Exception:   # older frontends name no plan
+        return ""
+
+
+_CACHE: dict[tuple[ConvShape, int], CudnnConv] = {}
+
+
+def build(shape: ConvShape, device_id: int) -> CudnnConv:
+    """The cuDNN graph for this shape on this device, built on first use and cached."""
+    key = (shape, device_id)
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = CudnnConv(shape, device_id)
+        return _CACHE[key]
+
+
+def conv_shape(graph, node) -> ConvShape:
+    """The ConvShape of a Conv node of a BasicGraph."""
+    op, t = node.op, graph.tensors
+    return ConvShape(tuple(int(d) for d in t[node.inputs[0]].shape), tuple(int(d) for d in t[node.inputs[1]].shape),
+                     len(node.inputs) > 2, tuple(op.strides), tuple(op.pad_begins), tuple(op.pad_ends),
+                     tuple(op.dilations), np.dtype(t[node.inputs[0]].dtype).name)
+
+
+def plan_convs(graph, nodes, device_id: int = 0) -> tuple[dict[str, CudnnConv], dict[str, str]]:
+    """Choose each Conv node's route once: ({node: its built cuDNN graph}, {node: why it runs
+    on im2col + cuBLAS instead})."""
+    nodes = list(nodes)
+    cudnn, why = load() if nodes else (None, "")
+    routes, fallbacks = {}, {}
+    for node in nodes:
+        shape = conv_shape(graph, node)
+        reason = why or unsupported_reason(shape)
+        if not reason:
+            try:
+                routes[node.name] = build(shape, device_id)
+                continue
+            except Exception as e:   # no engine for this shape (cudnnGraphNotSupportedError and kin)
+                reason = f"no cuDNN engine ({type(e).__name__}: {str(e).strip()[:200]})"
+        fallbacks[node.name] = f"Conv through im2col + cuBLAS: {reason}"
+    return routes, fallbacks
+
+
+_BIAS_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+// y[n, m, s] += b[m] in fp32, rounded once (y is N x M x S, row-major)
+template <typename T, typename F, typename B>
+__device__ void bias_add(T* y, const T* b, long long total, long long S, int M, F to_f, B from_f) {
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step)
+        y[i] = from_f(to_f(y[i]) + to_f(b[(i / S) % M]));
+}
+extern "C" __global__ void pf_bias_add_float32(float* y, const float* b, long long total, long long S, int M) {
+    bias_add(y, b, total, S, M, [](float v) { return v; }, [](float v) { return v; });
+}
+extern "C" __global__ void pf_bias_add_float16(__half* y, const __half* b, long long total, long long S, int M) {
+    bias_add(y, b, total, S, M, [](__half v) { return __half2float(v); }, [](float v) { return __float2half_rn(v); });
+}
+extern "C" __global__ void pf_bias_add_bfloat16(__nv_bfloat16* y, const __nv_bfloat16* b, long long total,
+                                                 long long S, int M) {
+    bias_add(y, b, total, S, M, [](__nv_bfloat16 v) { return __bfloat162float(v); },
+             [](float v) { return __float2bfloat16_rn(v); });
+}
+"""
+
+
+@functools.cache
+def _bias_kernel(dtype: str, device: int):
+    from powerfusion.backends.cuda.runtime import compile_source
+    return compile_source(_BIAS_SOURCE, name="pf_bias_add", device=device).kernel(f"pf_bias_add_{dtype}")
+
+
+def add_bias(out, bias, dtype: str) -> None:
+    """out[n, m, ...] += bias[m] in place, on the current stream (capturable: no allocation)."""
+    from powerfusion.backends.cuda.runtime import device_info
+    kernel = _bias_kernel(dtype, out.device.id)
+    n, m = out.shape[:2]
+    spatial = out.size // max(n * m, 1)
+    threads = 256
+    blocks = max(1, min(-(-out.size // threads), device_info(out.device.id).sm_count * 32))
+    kernel.launch((blocks,), (threads,), (out, bias, np.int64(out.size), np.int64(spatial), np.int32(m)))
+
+
+__all__ = ["ConvShape", "CudnnConv", "WORKSPACE_LIMIT", "add_bias", "build", "conv_shape", "handle", "load",
+           "plan_convs", "unsupported_reason"]
