@@ -18,7 +18,9 @@ why im2col declined), and the cuDNN graph's build time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import statistics
 import sys
 import time
 import traceback
@@ -108,7 +110,8 @@ def _ours_cudnn(shape, arg_sets) -> dict:
     ws = cupy.empty(max(conv.workspace_bytes, 1), dtype=np.uint8)
     row = _time_captured(lambda x, w, b, y: conv(x, w, b, y, ws), arg_sets, lambda s: conv.bind(s.ptr))
     return {**row, "build_s": build_s, "note": f"{conv.plan_name}; bias {'fused' if conv.fused_bias else 'kernel'};"
-            f" workspace {conv.workspace_bytes} B"}
+            f" workspace {conv.workspace_bytes} B; plans timed at build (us): "
+            + ", ".join(f"{i}: {t:.1f}" for i, t in conv.times_us.items())}
 
 
 @functools.cache
@@ -178,32 +181,78 @@ def bench(layer, batch, dtype) -> list[dict]:
     return rows
 
 
+MODELS = ("resnet_small", "efficientnet_small")   # committed models/small/*.onnx with convolutions
+
+
+def bench_model(name: str) -> list[dict]:
+    """One committed model as a cuda_graph session with the cuDNN route and without it (the
+    frontend made unimportable): device time of one replay (median of 30), and the routes."""
+    import unittest.mock
+    from bench_models import graph_replay_times
+    from powerfusion import InferenceSession
+    from powerfusion.backends.cuda import cudnn_conv
+    path = Path(__file__).resolve().parents[1] / "models" / "small" / f"{name}.onnx"
+    rows, outs = [], {}
+    for impl in ("session-cudnn", "session-im2col"):
+        no_cudnn = unittest.mock.patch.object(cudnn_conv, "load", lambda: (None, "switched off for this row"))
+        with (no_cudnn if impl == "session-im2col" else contextlib.nullcontext()):
+            t0 = time.perf_counter()
+            sess = InferenceSession(str(path), target="cuda", options={"cuda_graph": True})
+            build_s = time.perf_counter() - t0
+        feeds = {i.name: np.random.default_rng(0).standard_normal([int(d) for d in i.shape]).astype(np.float32)
+                 for i in sess.get_inputs()}
+        outs[impl] = sess.run(None, feeds)[0]
+        runner = sess._executor
+        routes = list(runner.conv_routes.values())
+        rows.append({"layer": name, "batch": int(next(iter(feeds.values())).shape[0]), "dtype": "float32",
+                     "impl": impl, "device_time_s": statistics.median(graph_replay_times(sess)), "build_s": build_s,
+                     "convs": len(routes), "convs_cudnn": len(runner.convs),
+                     "graph_pieces": [k for k, _ in runner._cuda_graph]})
+    a, b = (np.asarray(o, np.float64) for o in outs.values())
+    rows[0]["max_rel_diff_vs_im2col"] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+    return rows
+
+
 def markdown(rows, meta) -> str:
     head = [f"# conv", "", f"{meta.get('device', '?')}, {meta['date']}, commit {meta['git_commit']}, "
             f"cuDNN {meta.get('cudnn', '?')} (frontend {meta.get('cudnn_frontend', '?')}), torch {meta.get('torch', '?')}.",
             "Device microseconds per call by CUDA-graph replay (inputs beyond L2); fp32 without TF32 everywhere; "
             "the bias of an exported model (BatchNorm folded) included.", "",
-            "| layer | batch | dtype | ours-cudnn | ours-im2col | torch | torch-benchmark | cudnn / torch | cuDNN engine |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+            "'ours' is the route a session keeps (the faster of the two, timed at build); "
+            "'x torch' = torch (heuristics) time / ours.", "",
+            "| layer | batch | dtype | ours-cudnn | ours-im2col | torch | torch-benchmark | ours | x torch | cuDNN engine |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     by = {}
     for r in rows:
-        by.setdefault((r["layer"], r["batch"], r["dtype"]), {})[r["impl"]] = r
+        by.setdefault((r["layer"], r.get("batch"), r.get("dtype")), {})[r["impl"]] = r
     lines, ratios = [], []
+    models = [r for r in rows if r["impl"].startswith("session-")]
+    by = {k: v for k, v in by.items() if not any(i.startswith("session-") for i in v)}
     for (layer, batch, dtype), impls in by.items():
         us = {k: (f"{v['device_time_s'] * 1e6:.1f}" if "device_time_s" in v else "-") for k, v in impls.items()}
-        ours, torch_t = impls.get("ours-cudnn", {}), impls.get("torch", {})
+        cud, torch_t = impls.get("ours-cudnn", {}), impls.get("torch", {})
+        ours = min((impls[i]["device_time_s"] for i in ("ours-cudnn", "ours-im2col")
+                    if "device_time_s" in impls.get(i, {})), default=None)
         ratio = ""
-        if "device_time_s" in ours and "device_time_s" in torch_t:
-            ratios.append(torch_t["device_time_s"] / ours["device_time_s"])
+        if ours and "device_time_s" in torch_t:
+            ratios.append(torch_t["device_time_s"] / ours)
             ratio = f"{ratios[-1]:.2f}x"
-        engine = ours.get("note", ours.get("error", "")).split(";")[0]
+        engine = cud.get("note", cud.get("error", "")).split(";")[0]
         lines.append(f"| {layer} | {batch} | {dtype} | " + " | ".join(us.get(i, "-") for i in IMPLS)
-                     + f" | {ratio} | {engine} |")
+                     + f" | {'-' if ours is None else f'{ours * 1e6:.1f}'} | {ratio} | {engine} |")
     tail = [""]
     if ratios:
-        tail.append(f"Geomean speed of ours-cudnn over torch (heuristics): "
+        tail.append(f"Geomean speed of ours over torch (heuristics): "
                     f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x over {len(ratios)} rows "
                     f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x). '-' = not run; the JSON says why.")
+    if models:
+        tail += ["", "Whole committed models (models/small), fp32 cuda_graph sessions, device time of one replay:", "",
+                 "| model | batch | route | device us | convs on cuDNN | build s | max rel diff |", "|---|---:|---|---:|---:|---:|---:|"]
+        for r in models:
+            tail.append(f"| {r['layer']} | {r.get('batch', '-')} | {r['impl']} | "
+                        + (f"{r['device_time_s'] * 1e6:.1f} | {r['convs_cudnn']} of {r['convs']} | {r['build_s']:.1f} | "
+                           f"{r.get('max_rel_diff_vs_im2col', '')}" if "device_time_s" in r else f"- | {r.get('error', '')} | | ")
+                        + " |")
     tail += [f"- {n}" for n in meta.get("notes", [])]
     return "\n".join(head + lines + tail) + "\n"
 
@@ -215,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--only", default="")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--models", action="store_true", help="also whole committed models, with and without cuDNN")
     args = ap.parse_args(argv)
     from powerfusion.backends.cuda import cudnn_conv
     cudnn, why = cudnn_conv.load()
@@ -233,6 +283,14 @@ def main(argv=None) -> int:
                     print(f"{layer:28s} b{batch} {dtype:8s} {r['impl']:16s} "
                           + (f"{r['device_time_s'] * 1e6:9.1f} us" if "device_time_s" in r else r.get("error", "")),
                           flush=True)
+    for name in MODELS if args.models else ():
+        try:
+            rows += bench_model(name)
+        except Exception as e:
+            traceback.print_exc()
+            rows.append({"layer": name, "impl": "session-cudnn", "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        for r in rows[-2:]:
+            print(r, flush=True)
     meta = run_metadata(suite="conv", cudnn=cudnn.backend_version() if cudnn else why,
                         cudnn_frontend=getattr(cudnn, "__version__", None))
     out = Path(args.out) if args.out else RESULTS_DIR

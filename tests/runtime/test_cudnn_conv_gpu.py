@@ -168,19 +168,36 @@ def _conv_relu_model(dtype):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), (w, b, w2)
 
 
+def test_plans_are_timed_and_the_fastest_kept(cudnn_module):
+    conv = _conv(CASES["3x3"], "float16")
+    assert conv.index in conv.plans and set(conv.times_us) == set(conv.plans)
+    assert conv.time_us == min(conv.times_us.values()) > 0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_session_runs_convs_through_cudnn_in_its_cuda_graph(cudnn_module, dtype):
+@pytest.mark.parametrize("route", ["cudnn", "fastest"])
+def test_session_runs_convs_in_its_cuda_graph(cudnn_module, dtype, route, monkeypatch):
+    """route "cudnn": the im2col comparison switched off, so both convs run through cuDNN;
+    "fastest": as a session builds by default, each conv on its faster route, named in conv_routes."""
     import powerfusion
     from onnx import numpy_helper
+    from powerfusion.backends.cuda.session import CudaPlanRunner
+    if route == "cudnn":
+        monkeypatch.setattr(CudaPlanRunner, "_prefer_faster_conv", lambda self, node, conv: None)
     model, (w, b, w2) = _conv_relu_model(dtype)
     x = np.random.default_rng(4).standard_normal((2, 32, 28, 28)).astype(dtype)
     with powerfusion.options.context(cuda_graph=True):
         sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
         [y] = sess.run(None, {"x": x})
         [y2] = sess.run(None, {"x": x[::-1].copy()})   # a replay on other inputs
+    runner = sess._executor
     assert sess.fallbacks == {}
-    assert len(sess._executor.convs) == 2
-    assert sess._executor._cuda_graph and all(kind == "graph" for kind, _ in sess._executor._cuda_graph)
+    if route == "cudnn":
+        assert len(runner.convs) == 2
+    else:
+        assert len(runner.conv_routes) == 2
+        assert all(("cuDNN" in r) if n in runner.convs else r.startswith("im2col") for n, r in runner.conv_routes.items())
+    assert runner._cuda_graph and all(kind == "graph" for kind, _ in runner._cuda_graph)
     W, B, W2 = (numpy_helper.to_array(t) for t in (w, b, w2))
     for inp, got in ((x, y), (x[::-1].copy(), y2)):
         r = np.maximum(reference(inp, W, B, (2, 2), (1, 1), (1, 1), (1, 1), 1), 0)

@@ -8,8 +8,12 @@ im2col + cuBLAS path of library.py, and the runner reports that in its `fallback
 
 The route is chosen once when the runner is built (`plan_convs`): each Conv library step gets a
 cuDNN graph built for its exact shapes and dtype (cached per shape and device), or the reason it
-falls back. Execution is one `cudnnBackendExecute` on the handle's stream with the runner's one
-planned workspace, so it is captured in the session's CUDA graph like any kernel.
+falls back. Of cuDNN's first TUNE_PLANS heuristic plans the fastest on scratch data is kept (a
+few milliseconds per shape), and the runner keeps im2col + cuBLAS instead where that is faster
+still: measured on the H200, cuDNN's best strict-fp32 engine for ResNet's 512-channel 7x7 3x3
+conv at batch 1 takes 107 us, im2col + SGEMM 24 us (benchmarks/results/conv.md). Execution is
+one `cudnnBackendExecute` on the handle's stream with the runner's one planned workspace, so it
+is captured in the session's CUDA graph like any kernel.
 
 Numerics: fp16 / bf16 accumulate in fp32 (tensor cores); fp32 engines that use tensor cores are
 deselected (they compute in TF32), so fp32 convolutions are as exact as the cuBLAS path (no TF32).
@@ -33,6 +37,8 @@ import numpy as np
 # ONNX dtype name -> cudnn.data_type member name
 _DTYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
 WORKSPACE_LIMIT = 256 << 20   # engines that need more are not considered
+TUNE_PLANS = 4    # cuDNN's first heuristic candidates, each timed once at build; the fastest runs
+TUNE_CALLS = 10   # timed calls per candidate (median)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +135,10 @@ class CudnnConv:
                 raise
             self.fused_bias = False   # no engine for conv + bias: the bias kernel adds it after
             self._build(shape.as_2d(), fuse_bias=False)
-        self.workspace_bytes = int(self.graph.get_workspace_size())
-        self.plan_name = _plan_name(self.graph)
+        self.index, self.times_us = self._tune()
+        self.time_us = self.times_us[self.index]
+        self.workspace_bytes = int(self.graph.get_workspace_size_plan_at_index(self.index))
+        self.plan_name = _plan_name(self.graph, self.index)
 
     def _build(self, s: ConvShape, fuse_bias: bool) -> None:
         cudnn, _ = load()
@@ -154,8 +162,18 @@ class CudnnConv:
             g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
         g.deselect_workspace_greater_than(WORKSPACE_LIMIT)
         g.check_support()
-        g.build_plans()
+        self.plans = _build_candidates(g)
         self.graph, self.tensors = g, (x, w, b, y)
+
+    def _tune(self) -> tuple[int, dict[int, float]]:
+        """Time each built plan on scratch buffers of this shape; (the fastest, {plan: us})."""
+        import cupy
+        x, w, b, y = scratch(self.shape)
+        ws = cupy.empty(max([int(self.graph.get_workspace_size_plan_at_index(i)) for i in self.plans] + [1]),
+                        dtype=np.uint8)
+        self.bind(cupy.cuda.get_current_stream().ptr)
+        times = {i: time_us(lambda: self._execute(i, x, w, b, y, ws)) for i in self.plans}
+        return min(times, key=times.get), times
 
     def bind(self, stream_ptr: int) -> None:
         """Queue later executions on this stream. Called before a capture begins, so that
@@ -168,13 +186,65 @@ class CudnnConv:
     def __call__(self, x, w, bias, out, workspace) -> None:
         """out = conv(x, w) (+ bias), all CuPy arrays of the planned shapes; `workspace` holds at
         least `workspace_bytes`."""
+        self._execute(self.index, x, w, bias, out, workspace)
+
+    def _execute(self, index: int, x, w, bias, out, workspace) -> None:
         tx, tw, tb, ty = self.tensors
         pack = {tx: x.data.ptr, tw: w.data.ptr, ty: out.data.ptr}
         if tb is not None:
             pack[tb] = bias.data.ptr
-        self.graph.execute(pack, workspace.data.ptr if workspace is not None else 0, handle=self.handle)
+        self.graph.execute_plan_at_index(pack, workspace.data.ptr if workspace is not None else 0, index,
+                                         handle=self.handle)
         if bias is not None and not self.fused_bias:
             add_bias(out, bias, self.shape.dtype)
+
+
+def _build_candidates(graph) -> list[int]:
+    """Build the first TUNE_PLANS plans that build, in cuDNN's heuristic order (a plan that
+    fails to build, or that the filters barred, is skipped)."""
+    built = []
+    for i in range(min(int(graph.get_execution_plan_count()), 4 * TUNE_PLANS)):
+        try:
+            graph.build_plan_at_index(i)
+        except Exception:
+            continue
+        built.append(i)
+        if len(built) == TUNE_PLANS:
+            break
+    if not built:
+        raise RuntimeError("no execution plan of this convolution could be built")
+    return built
+
+
+def scratch(shape: ConvShape):
+    """(x, w, b or None, y) CuPy buffers of this shape holding standard-normal values (bf16 as
+    bits), for timing a route on data like a model's (not zeros, which run faster)."""
+    import cupy
+    rng = cupy.random.default_rng(0)
+
+    def values(dims):
+        v = rng.standard_normal(dims, dtype=np.float32)
+        if shape.dtype == "bfloat16":
+            return (v.view(np.uint32) >> 16).astype(np.uint16)
+        return v.astype(shape.dtype)
+    return values(shape.x), values(shape.w), values(shape.w[:1]) if shape.bias else None, \
+        cupy.empty(shape.out, dtype=np.uint16 if shape.dtype == "bfloat16" else shape.dtype)
+
+
+def time_us(run, calls: int = TUNE_CALLS) -> float:
+    """Median device microseconds of `run()` on the current stream (after two warm-up calls)."""
+    import cupy
+    run()
+    run()
+    samples = []
+    for _ in range(calls):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return float(np.median(samples))
 
 
 def _row_major(dims) -> list[int]:
@@ -185,9 +255,9 @@ def _row_major(dims) -> list[int]:
     return strides[::-1]
 
 
-def _plan_name(graph) -> str:
+def _plan_name(graph, index: int) -> str:
     try:
-        return str(graph.get_plan_name_at_index(0))
+        return str(graph.get_plan_name_at_index(index))
     except Exception:   # older frontends name no plan
         return ""
 
@@ -273,4 +343,4 @@ def add_bias(out, bias, dtype: str) -> None:
 
 
 __all__ = ["ConvShape", "CudnnConv", "WORKSPACE_LIMIT", "add_bias", "build", "conv_shape", "handle", "load",
-           "plan_convs", "unsupported_reason"]
+           "plan_convs", "scratch", "time_us", "unsupported_reason"]

@@ -68,12 +68,47 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda import cudnn_conv
         convs = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Conv)]
         self.convs, self.fallbacks = cudnn_conv.plan_convs(self.graph, convs, self.device_id)
+        self.conv_routes = {n: f"im2col + cuBLAS (cuDNN not used: {why})" for n, why in self.fallbacks.items()}
+        for node in convs:
+            if node.name in self.convs:
+                self._prefer_faster_conv(node, self.convs[node.name])
         for node in convs:
             if node.name in self.fallbacks and len(self.graph.tensors[node.inputs[0]].shape) > 4:
                 raise PowerFusionError(f"Conv '{node.name}': a 3-D convolution needs cuDNN here (im2col + cuBLAS "
                                        f"runs 1-D and 2-D); {self.fallbacks[node.name]}")
         need = max((c.workspace_bytes for c in self.convs.values()), default=0)
         self._conv_workspace = cupy.empty(need, dtype=np.uint8) if need else None
+
+    def _prefer_faster_conv(self, node, conv) -> None:
+        """Keep cuDNN for this Conv unless our im2col + cuBLAS path runs it faster (timed once on
+        scratch buffers); the choice and both times go to `conv_routes`."""
+        import cupy
+        from powerfusion.backends.cuda import blas, cudnn_conv, library
+        op = node.op
+        engine = f"cuDNN {conv.plan_name} {conv.time_us:.1f} us"
+        if not blas.available():
+            self.conv_routes[node.name] = engine
+            return
+        if self._blas is None:
+            self._blas = blas.Blas()
+        self._blas.bind(cupy.cuda.get_current_stream())
+        x, w, b, y = cudnn_conv.scratch(conv.shape)
+        cols: dict = {}
+        logical = "bfloat16" if conv.shape.dtype == "bfloat16" else None
+
+        def im2col() -> bool:
+            return library.conv_into(self._blas, x, w, b, y, cols, strides=op.strides,
+                                     pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations,
+                                     group=op.group, logical_dtype=logical)
+        if not im2col():   # the im2col path declines this conv: cuDNN it is
+            self.conv_routes[node.name] = engine
+            return
+        us = cudnn_conv.time_us(im2col)
+        if us < conv.time_us:
+            del self.convs[node.name]
+            self.conv_routes[node.name] = f"im2col + cuBLAS {us:.1f} us (faster than {engine})"
+        else:
+            self.conv_routes[node.name] = f"{engine} (im2col + cuBLAS {us:.1f} us)"
 
     @property
     def library_routes(self) -> dict[str, str]:
