@@ -269,6 +269,14 @@ def main(argv=None) -> int:
     from powerfusion.backends.cuda import cudnn_conv
     cudnn, why = cudnn_conv.load()
     t_end, rows = time.perf_counter() + args.budget_s, []
+    meta = run_metadata(suite="conv", cudnn=cudnn.backend_version() if cudnn else why,
+                        cudnn_frontend=getattr(cudnn, "__version__", None))
+    out = Path(args.out) if args.out else RESULTS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save():   # after every case, so a run cut short keeps what it measured
+        (out / "conv.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        (out / "conv.md").write_text(markdown(rows, meta))
     for dtype in args.dtypes.split(","):
         for batch in BATCHES:
             for layer in LAYERS:
@@ -279,6 +287,7 @@ def main(argv=None) -> int:
                                  "error": f"not reached within --budget-s {args.budget_s}"})
                     continue
                 rows += bench(layer, batch, dtype)
+                save()
                 for r in rows[-len(IMPLS):]:
                     print(f"{layer:28s} b{batch} {dtype:8s} {r['impl']:16s} "
                           + (f"{r['device_time_s'] * 1e6:9.1f} us" if "device_time_s" in r else r.get("error", "")),
@@ -291,12 +300,8 @@ def main(argv=None) -> int:
             rows.append({"layer": name, "impl": "session-cudnn", "error": f"{type(e).__name__}: {str(e)[:300]}"})
         for r in rows[-2:]:
             print(r, flush=True)
-    meta = run_metadata(suite="conv", cudnn=cudnn.backend_version() if cudnn else why,
-                        cudnn_frontend=getattr(cudnn, "__version__", None))
-    out = Path(args.out) if args.out else RESULTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "conv.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    (out / "conv.md").write_text(markdown(rows, meta))
+        save()
+    save()
     return 0
 
 

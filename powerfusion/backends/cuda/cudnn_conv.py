@@ -107,7 +107,8 @@ def load():
     return cudnn, ""
 
 
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()        # held while a graph is built (building binds: not this lock)
+_BIND_LOCK = threading.Lock()
 _BOUND: dict[int, int] = {}   # handle -> the stream it runs on now
 
 
@@ -172,13 +173,20 @@ class CudnnConv:
         ws = cupy.empty(max([int(self.graph.get_workspace_size_plan_at_index(i)) for i in self.plans] + [1]),
                         dtype=np.uint8)
         self.bind(cupy.cuda.get_current_stream().ptr)
-        times = {i: time_us(lambda: self._execute(i, x, w, b, y, ws)) for i in self.plans}
+        times, failures = {}, []
+        for i in self.plans:
+            try:
+                times[i] = time_us(lambda: self._execute(i, x, w, b, y, ws))
+            except Exception as e:   # a plan that built but does not run here is not kept
+                failures.append(f"plan {i}: {type(e).__name__}: {str(e)[:100]}")
+        if not times:
+            raise RuntimeError("no built plan ran: " + "; ".join(failures))
         return min(times, key=times.get), times
 
     def bind(self, stream_ptr: int) -> None:
         """Queue later executions on this stream. Called before a capture begins, so that
         inside it (same stream) nothing reaches cudnnSetStream."""
-        with _LOCK:
+        with _BIND_LOCK:
             if _BOUND.get(self.handle) != stream_ptr:
                 load()[0].set_stream(self.handle, stream_ptr)
                 _BOUND[self.handle] = stream_ptr
@@ -220,7 +228,7 @@ def scratch(shape: ConvShape):
     """(x, w, b or None, y) CuPy buffers of this shape holding standard-normal values (bf16 as
     bits), for timing a route on data like a model's (not zeros, which run faster)."""
     import cupy
-    rng = cupy.random.default_rng(0)
+    rng = cupy.random.RandomState(0)
 
     def values(dims):
         v = rng.standard_normal(dims, dtype=np.float32)
