@@ -111,7 +111,8 @@ def _ours_cudnn(shape, arg_sets) -> dict:
     row = _time_captured(lambda x, w, b, y: conv(x, w, b, y, ws), arg_sets, lambda s: conv.bind(s.ptr))
     return {**row, "build_s": build_s, "note": f"{conv.plan_name}; bias {'fused' if conv.fused_bias else 'kernel'};"
             f" workspace {conv.workspace_bytes} B; plans timed at build (us): "
-            + ", ".join(f"{i}: {t:.1f}" for i, t in conv.times_us.items())}
+            + ", ".join(f"{i}: {t:.1f}" for i, t in conv.times_us.items())
+            + "; variants (us): " + ", ".join(f"{k} {t:.1f}" for k, t in conv.tried.items())}
 
 
 @functools.cache
@@ -213,6 +214,13 @@ def bench_model(name: str) -> list[dict]:
     return rows
 
 
+def _model_cells(r) -> str:
+    if "device_time_s" not in r:
+        return f"- | {r.get('error', '')} | | "
+    diff = f"{r['max_rel_diff_vs_im2col']:.2g}" if "max_rel_diff_vs_im2col" in r else ""
+    return f"{r['device_time_s'] * 1e6:.1f} | {r['convs_cudnn']} of {r['convs']} | {r['build_s']:.1f} | {diff}"
+
+
 def markdown(rows, meta) -> str:
     head = [f"# conv", "", f"{meta.get('device', '?')}, {meta['date']}, commit {meta['git_commit']}, "
             f"cuDNN {meta.get('cudnn', '?')} (frontend {meta.get('cudnn_frontend', '?')}), torch {meta.get('torch', '?')}.",
@@ -249,11 +257,8 @@ def markdown(rows, meta) -> str:
         tail += ["", "Whole committed models (models/small), fp32 cuda_graph sessions, device time of one replay:", "",
                  "| model | batch | route | device us | convs on cuDNN | build s | max rel diff |", "|---|---:|---|---:|---:|---:|---:|"]
         for r in models:
-            tail.append(f"| {r['layer']} | {r.get('batch', '-')} | {r['impl']} | "
-                        + (f"{r['device_time_s'] * 1e6:.1f} | {r['convs_cudnn']} of {r['convs']} | {r['build_s']:.1f} | "
-                           f"{r.get('max_rel_diff_vs_im2col', '')}" if "device_time_s" in r else f"- | {r.get('error', '')} | | ")
-                        + " |")
-    tail += [f"- {n}" for n in meta.get("notes", [])]
+            tail.append(f"| {r['layer']} | {r.get('batch', '-')} | {r['impl']} | " + _model_cells(r) + " |")
+    tail += [""] + [f"- {n}" for n in meta.get("notes", [])]
     return "\n".join(head + lines + tail) + "\n"
 
 

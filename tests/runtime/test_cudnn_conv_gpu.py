@@ -126,6 +126,24 @@ def test_conv_matches_float64_reference(cudnn_module, name, dtype):
     _check(_host(out, dtype), case, x, w, b, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["3x3", "depthwise_s2", "1d", "3d"])
+def test_unfused_bias_kernel_matches_reference(cudnn_module, name, dtype):
+    """The conv alone, then our bias kernel (the variant kept where it is faster than cuDNN's
+    fused conv + bias), whichever variant `build` kept."""
+    import cupy
+    from powerfusion.backends.cuda import cudnn_conv
+    case = CASES[name]
+    x, w, b = _inputs(case, dtype)
+    conv = _conv(case, dtype)
+    variant = cudnn_conv._Variant(conv, False)
+    dx, dw, db, out, _ = _buffers(conv, x, w, b)
+    ws = cupy.empty(max(variant.workspace(variant.index), 1), dtype=np.uint8)
+    conv.bind(cupy.cuda.get_current_stream().ptr)
+    variant.execute(variant.index, dx, dw, db, out, ws)
+    _check(_host(out, dtype), case, x, w, b, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["3x3", "grouped", "1d", "3d_strided_grouped"])
 def test_conv_inside_cuda_graph_capture(cudnn_module, name, dtype):

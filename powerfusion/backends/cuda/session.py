@@ -103,7 +103,7 @@ class CudaPlanRunner:
         if not im2col():   # the im2col path declines this conv: cuDNN it is
             self.conv_routes[node.name] = engine
             return
-        us = cudnn_conv.time_us(im2col)
+        us = cudnn_conv.time_us(im2col, self._blas.bind)
         if us < conv.time_us:
             del self.convs[node.name]
             self.conv_routes[node.name] = f"im2col + cuBLAS {us:.1f} us (faster than {engine})"
