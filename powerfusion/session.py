@@ -240,8 +240,10 @@ class InferenceSession:
 
     @property
     def fallbacks(self) -> dict[str, str]:
-        """Subgraph name -> why it runs on the basic-op executor (empty when every one runs as GIR)."""
-        return {} if self.cpu_plan is None else self.cpu_plan.fallbacks
+        """Step name -> why it runs on a fallback path: a subgraph on the basic-op executor (cpu
+        targets), a Conv on im2col + cuBLAS instead of cuDNN (cuda); empty when none does."""
+        plan = {} if self.cpu_plan is None else self.cpu_plan.fallbacks
+        return {**plan, **getattr(self._executor, "fallbacks", {})}
 
     def run_all_tensors(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every tensor the run computes, by name (for per-subgraph comparison)."""

@@ -57,8 +57,58 @@ class CudaPlanRunner:
         self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
+        self._plan_convs(cupy)
         from powerfusion.backends.cuda import ape_route
         self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
+
+    def _plan_convs(self, cupy) -> None:
+        """Each Conv step's route, chosen once here: a cuDNN graph built for its shapes
+        (cudnn_conv.py), all sharing one workspace allocated now (before any capture), or
+        im2col + cuBLAS with the reason in `fallbacks`."""
+        from powerfusion.backends.cuda import cudnn_conv
+        convs = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Conv)]
+        self.convs, self.fallbacks = cudnn_conv.plan_convs(self.graph, convs, self.device_id)
+        self.conv_routes = {n: f"im2col + cuBLAS (cuDNN not used: {why})" for n, why in self.fallbacks.items()}
+        for node in convs:
+            if node.name in self.convs:
+                self._prefer_faster_conv(node, self.convs[node.name])
+        for node in convs:
+            if node.name in self.fallbacks and len(self.graph.tensors[node.inputs[0]].shape) > 4:
+                raise PowerFusionError(f"Conv '{node.name}': a 3-D convolution needs cuDNN here (im2col + cuBLAS "
+                                       f"runs 1-D and 2-D); {self.fallbacks[node.name]}")
+        need = max((c.workspace_bytes for c in self.convs.values()), default=0)
+        self._conv_workspace = cupy.empty(need, dtype=np.uint8) if need else None
+
+    def _prefer_faster_conv(self, node, conv) -> None:
+        """Keep cuDNN for this Conv unless our im2col + cuBLAS path runs it faster (timed once on
+        scratch buffers); the choice and both times go to `conv_routes`."""
+        import cupy
+        from powerfusion.backends.cuda import blas, cudnn_conv, library
+        op = node.op
+        engine = f"cuDNN {conv.plan_name} {conv.time_us:.1f} us"
+        if not blas.available():
+            self.conv_routes[node.name] = engine
+            return
+        if self._blas is None:
+            self._blas = blas.Blas()
+        self._blas.bind(cupy.cuda.get_current_stream())
+        x, w, b, y = cudnn_conv.scratch(conv.shape)
+        cols: dict = {}
+        logical = "bfloat16" if conv.shape.dtype == "bfloat16" else None
+
+        def im2col() -> bool:
+            return library.conv_into(self._blas, x, w, b, y, cols, strides=op.strides,
+                                     pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations,
+                                     group=op.group, logical_dtype=logical)
+        if not im2col():   # the im2col path declines this conv: cuDNN it is
+            self.conv_routes[node.name] = engine
+            return
+        us = cudnn_conv.time_us(im2col, self._blas.bind)
+        if us < conv.time_us:
+            del self.convs[node.name]
+            self.conv_routes[node.name] = f"im2col + cuBLAS {us:.1f} us (faster than {engine})"
+        else:
+            self.conv_routes[node.name] = f"{engine} (im2col + cuBLAS {us:.1f} us)"
 
     @property
     def library_routes(self) -> dict[str, str]:
@@ -126,6 +176,11 @@ class CudaPlanRunner:
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
         from powerfusion.backends.cuda import blas, library
+        conv = self.convs.get(node.name)
+        if conv is not None:   # cuDNN, chosen when the runner was built
+            conv.bind(cupy.cuda.get_current_stream().ptr)
+            conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._conv_workspace)
+            return True
         if self._blas is None:
             if not blas.available():
                 return False
@@ -149,6 +204,8 @@ class CudaPlanRunner:
         if isinstance(s, KernelStep):
             return True
         node = s.call.node
+        if node.name in self.convs:
+            return node.name in self._direct
         if node.name in self._direct:
             return self._ape is None or self._ape.capturable(node.name)
         return isinstance(node.op, TypedMatMul) and self.typed[node.name][0].fused
@@ -284,6 +341,8 @@ class CudaPlanRunner:
                     self._blas.bind(capture)   # before the capture: binding is not a stream operation
                 if self._ape is not None:
                     self._ape.bind(capture)
+                for conv in self.convs.values():
+                    conv.bind(capture.ptr)
                 capture.begin_capture()
                 self._run_steps(steps)
                 pieces.append(("graph", capture.end_capture()))
