@@ -299,13 +299,12 @@ class CudaPlanRunner:
         """Output `name` as a CuPy array: written into `target` when given, else a fresh copy."""
         import cupy
         info = self.graph.tensors[name]
-        dt = cupy_dtype(info.dtype)
         if name in self.graph.constants:  # folded at import (Shape of a static tensor): no buffer
             value = cupy.asarray(_to_device_layout(np.asarray(self.graph.constants[name], dtype=np.dtype(info.dtype))))
         elif name not in env:   # no step writes it: an output without elements
             if all(int(d) for d in info.shape):
                 raise PowerFusionError(f"output '{name}' {tuple(info.shape)} is computed by no step of the plan")
-            value = cupy.zeros(tuple(info.shape), dtype=dt)
+            value = cupy.zeros(tuple(info.shape), dtype=cupy_dtype(info.dtype))
         else:
             value = env[name]
         if target is None:
