@@ -131,3 +131,14 @@ def test_every_wtype_atype_and_family_compiles(tmp_path):
 def test_every_other_kernel_compiles(tmp_path):
     """The rest of the full set: the other zero modes, GEMV at M = 4 with fp32 output."""
     _compile_batched(tmp_path, [mm for mm in every_kernel() if not in_default_subset(mm)])
+
+
+@pytest.mark.parametrize("a,out", [("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32")])
+def test_int8_activation_row_kernels_compile(tmp_path, a, out):
+    """The per-row int8 rounding and rescale kernels of MatMulLowBit's act_dtype int8."""
+    from powerfusion.ttile.act_int8 import rows_source
+    tag, src = rows_source(a, out)
+    path = tmp_path / f"rows_{tag}.cu"
+    path.write_text(src)
+    rc, err = _nvcc(path, path.with_suffix(".fatbin"))
+    assert rc == 0, err
