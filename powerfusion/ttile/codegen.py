@@ -71,6 +71,18 @@ class KernelSpec:
         return "sym" if tt.kind == "int" else "none"
 
 
+SMEM_STATIC_MAX = 47 << 10   # 48 KiB of static shared memory, less the warps' reduction
+
+
+def lut_table_copies(staged_bytes: int) -> int:
+    """Interleaved copies of the GEMV's 1 KiB pair table: 32 (conflict-free lookups) where the
+    staged activations leave room, else the most that fit (16: at most 2-way conflicts)."""
+    for copies in (32, 16, 8, 4, 2, 1):
+        if staged_bytes + 1024 * copies <= SMEM_STATIC_MAX:
+            return copies
+    return 1
+
+
 def chunk_elems(bits: int) -> int:
     """Elements in one lane's 16-byte load."""
     return 128 // bits
@@ -123,6 +135,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     abytes = 1 if a8 else 2
     ca = 4 * E * abytes                                   # activation bytes per lane chunk
     srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
+    a_smem = kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX
+    lut_copies = lut_table_copies(spec.MT * srow if a_smem else 0) if kind == "gemv" and spec.dq == "lut" else 1
     mma = {}
     if kind == "mma":
         ks = 512 if bits == 1 else 256
@@ -132,7 +146,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
     name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
-            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}")
+            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else ""))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"
@@ -145,7 +159,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),

@@ -42,7 +42,8 @@ class Matmul:
                  accum_dtype: str | None = None, out_dtype: str | None = None,
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
-                 arch: str = "sm_90", target: str = "h200", kernel: str | None = None):
+                 arch: str = "sm_90", target: str = "h200", kernel: str | None = None,
+                 warps: int | None = None):
         from powerfusion.ttile.dtype_names import canonical   # BitBLAS spellings: "float16", "bfloat16", ...
         A_dtype, W_dtype = canonical(A_dtype), canonical(W_dtype)
         accum_dtype, out_dtype = canonical(accum_dtype), canonical(out_dtype)
@@ -70,9 +71,13 @@ class Matmul:
         self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel)
         K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
-        R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit)
+        if warps not in (None, 2, 4, 8):
+            raise ValueError(f"warps per block must be 2, 4 or 8, got {warps}")
+        kind = self.schedule.kernel
+        warps = 4 if warps is None or kind == "mma" else warps   # the mma kernel is written for 4
+        R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit, warps)
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
-                                       zeros_mode, with_bias, R, MT, ksplit=ks)
+                                       zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks)
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
         self.kind = self.schedule.kernel
