@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--group", type=int, default=None,
                    help="elements of K per scale: a power of two >= 32 (default 128; mxfp4 has its fixed 32)")
     p.add_argument("--act", choices=["int8"], default=None,
-                   help="also round activations to int8 per row at run time (int4 and int2 weights)")
+                   help="also round activations to int8 per row at run time (int4, int2 and int1 weights)")
     p.add_argument("-o", "--output", required=True, help="path of the quantised .onnx file")
 
 

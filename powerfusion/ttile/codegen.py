@@ -18,7 +18,7 @@ A16 = ("fp16", "bf16")
 KERNEL_WTYPES = {
     "fp16": ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1",
              "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8"),
-    "int8": ("int8", "int4", "int2"),
+    "int8": ("int8", "int4", "int2", "int1"),
 }
 KERNEL_WTYPES["bf16"] = KERNEL_WTYPES["fp16"]
 A_SMEM_MAX = 44 << 10   # static shared memory for staged activations (48 KiB minus LUT / reduction)
@@ -112,10 +112,16 @@ def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None,
     return R, mt, ksplit
 
 
-# rows per warp at M = 1, keyed by (int8 activations, weight bits): the best fixed choice
-# over the four LLaMA-70B shapes on H200 (benchmarks/results/ttile_bench.md)
-DEFAULT_R = {(False, 8): 2, (False, 4): 4, (False, 2): 4, (False, 1): 4,
-             (True, 8): 2, (True, 4): 4, (True, 2): 4}
+# rows per warp at M = 1, keyed by (int8 activations, weight bits), with default_warps(1) = 8
+# warps per block: the best fixed choice over the eight LLaMA-7B / 70B shapes on H200
+# (benchmarks/results/ttile.md; R=2 x 8 warps beat R=4 x 4 warps for W4A16, NF4, FP8, W2A8)
+DEFAULT_R = {(False, 8): 2, (False, 4): 2, (False, 2): 4, (False, 1): 4,
+             (True, 8): 2, (True, 4): 4, (True, 2): 2}
+
+
+def default_warps(M: int) -> int:
+    """Warps per block of the CUDA-core kernel: 8 at M = 1 (more loads in flight per SM), else 4."""
+    return 8 if M == 1 else 4
 
 
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
@@ -159,7 +165,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies, lut_entry_log2=2 + lut_copies.bit_length() - 1,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),

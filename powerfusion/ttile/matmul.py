@@ -71,10 +71,13 @@ class Matmul:
         self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel)
         K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
-        if warps not in (None, 2, 4, 8):
-            raise ValueError(f"warps per block must be 2, 4 or 8, got {warps}")
+        if warps not in (None, 2, 4, 8, 16):
+            raise ValueError(f"warps per block must be 2, 4, 8 or 16, got {warps}")
         kind = self.schedule.kernel
-        warps = 4 if warps is None or kind == "mma" else warps   # the mma kernel is written for 4
+        if kind == "mma" or (warps is None and kind != "gemv"):
+            warps = 4        # the mma kernel is written for 4
+        elif warps is None:   # a given split-K over the block's warps fixes their number
+            warps = ksplit if ksplit and ksplit > 1 else codegen.default_warps(M)
         R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit, warps)
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
                                        zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks)

@@ -26,7 +26,7 @@ PF_DOMAIN = "ai.powerfusion"
 OP_TYPE = "MatMulLowBit"
 # weight types the op carries (every one has a fused fp16 / bf16 kernel); int8 activations: these only
 LOWBIT_WTYPES = ("int4", "int2", "int1", "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3")
-INT8_ACT_WTYPES = ("int4", "int2")
+INT8_ACT_WTYPES = ("int4", "int2", "int1")
 ACT_DTYPES = ("", "int8")
 
 

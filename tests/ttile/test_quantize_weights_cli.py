@@ -85,7 +85,8 @@ def numpy_reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 CASES = [("int4", ()), ("int2", ()), ("int1", ()), ("nf4", ()), ("fp4", ()), ("mxfp4", ()), ("fp8_e4m3", ()),
-         ("int4", ("--act", "int8")), ("int2", ("--act", "int8")), ("nf4", ("--group", "32"))]
+         ("int4", ("--act", "int8")), ("int2", ("--act", "int8")), ("int1", ("--act", "int8")),
+         ("nf4", ("--group", "32"))]
 
 
 @pytest.mark.parametrize("dtype,extra", CASES)
@@ -136,7 +137,7 @@ def test_onnxruntime_agrees_for_int4_groups(tmp_path):
     (("--dtype", "nf4", "--group", "16"), "--group must be a power of two"),
     (("--dtype", "mxfp4", "--group", "64"), "fixed block of 32"),
     (("--dtype", "nf4", "--act", "int8"), "--act int8"),
-    (("--dtype", "int1", "--act", "int8"), "int1"),
+    (("--dtype", "fp8_e4m3", "--act", "int8"), "fp8_e4m3"),
 ])
 def test_bad_flags_name_the_flag(tmp_path, capsys, flags, needle):
     model, _ = _single()
