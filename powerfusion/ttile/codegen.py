@@ -42,6 +42,7 @@ class KernelSpec:
     MT: int = 1              # activation rows per block
     warps: int = 4
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
+    stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2 or 3)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
 
     @property
@@ -124,6 +125,13 @@ def default_warps(M: int) -> int:
     return 8 if M == 1 else 4
 
 
+def default_stages(M: int) -> int:
+    """Weight chunks per row in flight at M = 1: 3. With 2 rows per warp, 8 warps and the ~2 blocks
+    per SM that N = 4096 gives, two stages keep ~32 KiB per SM in flight, about what Little's law
+    asks at the HBM latency under load (~25 KiB at 16 B/clk, 1600 clk); a third adds headroom."""
+    return 3 if M == 1 else 2
+
+
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     """(kernel name, CUDA source) for the fused GEMV/GEMM or the dequantise-only kernel."""
     tt = get_ttype(spec.W_dtype)
@@ -152,7 +160,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
     name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
-            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else ""))
+            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
+            + (f"p{spec.stages}" if spec.stages != 2 else ""))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"
@@ -165,7 +174,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies, lut_entry_log2=2 + lut_copies.bit_length() - 1,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies, stages=spec.stages, lut_entry_log2=2 + lut_copies.bit_length() - 1,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),
