@@ -14,6 +14,7 @@ Writes ttile.json (and summarize.py ttile.md) to OUT_DIR.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -57,10 +58,13 @@ def all_matmuls(quick=False, m1_only=False):
                     yield Matmul(M, N, K, A, W, **kw)
 
 
-def timed(launches, graph_len=24, replays=10):
-    """Seconds per launch; launches[i] runs on buffer set i (rotated)."""
+def timed(launches, graph_len=24, replays=10, bind=None):
+    """(seconds per launch, "graph" | "stream"); launches[i] runs on buffer set i (rotated);
+    bind(stream), if given, is called before the first launch."""
     import cupy as cp
     stream = cp.cuda.Stream(non_blocking=True)
+    if bind is not None:
+        bind(stream)
     with stream:
         for f in launches:
             f()
@@ -116,13 +120,28 @@ def n_sets(nbytes):
     return max(2, math.ceil(ROTATE_BYTES / max(nbytes, 1)))
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_handle():
+    from powerfusion.backends.cuda import blas
+    return blas.Blas()
+
+
 def bench_cublas(M, N, K):
+    """cuBLAS fp16 (fp32 accumulation) through the CUDA session's own handle (backends/cuda/blas.py),
+    which graph capture accepts; where that is unavailable, cupy.matmul timed back to back on a
+    stream (its per-call host overhead then counts: small shapes look slower than they are)."""
     import cupy as cp
     w0 = cp.random.standard_normal((N, K), dtype=cp.float32).astype(cp.float16)
     sets = [(cp.random.standard_normal((M, K), dtype=cp.float32).astype(cp.float16),
              w0 if i == 0 else w0.copy(), cp.empty((M, N), cp.float16)) for i in range(n_sets(N * K * 2))]
-    t, how = timed([lambda s=s: cp.matmul(s[0], s[1].T, out=s[2]) for s in sets])
-    return t, how
+    try:
+        handle = _blas_handle()
+        if not handle.gemm_into(sets[0][0], sets[0][1], sets[0][2], trans_b=True):
+            raise RuntimeError("gemm_into refused the operands")
+        return timed([lambda s=s: handle.gemm_into(s[0], s[1], s[2], trans_b=True) for s in sets], bind=handle.bind)
+    except Exception as e:   # no usable cuBLAS handle of ours: CuPy's matmul, eager
+        print(f"cuBLAS through blas.Blas unavailable ({e!r}); timing cupy.matmul on a stream", flush=True)
+        return timed([lambda s=s: cp.matmul(s[0], s[1].T, out=s[2]) for s in sets])
 
 
 def weight_bytes(mm) -> int:

@@ -42,7 +42,7 @@ class KernelSpec:
     MT: int = 1              # activation rows per block
     warps: int = 4
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
-    stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2 or 3)
+    stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2, or 3: swept by the benchmark)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
 
     @property
@@ -125,13 +125,6 @@ def default_warps(M: int) -> int:
     return 8 if M == 1 else 4
 
 
-def default_stages(M: int) -> int:
-    """Weight chunks per row in flight at M = 1: 3. With 2 rows per warp, 8 warps and the ~2 blocks
-    per SM that N = 4096 gives, two stages keep ~32 KiB per SM in flight, about what Little's law
-    asks at the HBM latency under load (~25 KiB at 16 B/clk, 1600 clk); a third adds headroom."""
-    return 3 if M == 1 else 2
-
-
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     """(kernel name, CUDA source) for the fused GEMV/GEMM or the dequantise-only kernel."""
     tt = get_ttype(spec.W_dtype)
@@ -174,7 +167,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, lut_copies=lut_copies, stages=spec.stages, lut_entry_log2=2 + lut_copies.bit_length() - 1,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, stages=spec.stages,
+        lut_copies=lut_copies, lut_entry_log2=2 + lut_copies.bit_length() - 1,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),

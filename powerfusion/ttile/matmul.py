@@ -81,7 +81,7 @@ class Matmul:
         R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit, warps)
         if stages not in (None, 2, 3):
             raise ValueError(f"stages must be 2 or 3, got {stages}")
-        stages = stages or (codegen.default_stages(M) if kind == "gemv" else 2)
+        stages = stages or 2   # 3 (more loads in flight per row) is an option the benchmark sweeps
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
                                        zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks, stages=stages)
         self.group_size = None if G == K_pad else G
