@@ -114,10 +114,9 @@ def inference_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
         at = _attrs(n)
         if n.op_type == "MatMulNBits":
             K, N, scale = at.get("K"), at.get("N"), n.input[2] if len(n.input) > 2 else ""
-        elif n.op_type == "MatMulLowBit":   # mxfp4 scales are uint8 codes: typed like A where A is known
-            K, N, scale = at.get("K"), at.get("N"), n.input[2] if len(n.input) > 2 else ""
-            if types.get(scale) not in _FLOAT_ONNX:
-                scale = n.input[0]
+        elif n.op_type == "MatMulLowBit":   # typed like A where A's type is known (mxfp4 scales are
+            K, N = at.get("K"), at.get("N")  # uint8 codes, a bfloat16 model's scales float32)
+            scale = n.input[0] if types.get(n.input[0]) in _FLOAT_ONNX else (n.input[2] if len(n.input) > 2 else "")
         else:
             (K, N), scale = dims.get(n.input[1], (None, None)), n.input[2]
         if K is None or N is None or scale not in types:

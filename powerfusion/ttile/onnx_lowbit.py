@@ -207,6 +207,7 @@ def quantize_model_lowbit(model: onnx.ModelProto, W_dtype: str, group_size: int 
             users[i] = users.get(i, 0) + 1
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     nodes, rewritten = [], {}
+    typed = {v.name for v in list(g.input) + list(g.value_info)} | set(inits)
     for node in g.node:
         b = inits.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") \
             and len(node.input) == 2 else None
@@ -222,8 +223,9 @@ def quantize_model_lowbit(model: onnx.ModelProto, W_dtype: str, group_size: int 
         inits.update({t.name: t for t in extra})
         nodes.append(new)
         rewritten[b.name] = rewritten.get(b.name, 0) + 1
-        if get_ttype(W_dtype).kind == "block":   # uint8 scales: A's type stated for shape inference
+        if node.input[0] not in typed:   # A's type stated for shape inference (scales may not say it)
             g.value_info.append(helper.make_tensor_value_info(node.input[0], b.data_type, None))
+            typed.add(node.input[0])
     del g.node[:]
     g.node.extend(nodes)
     kept = [t for t in g.initializer if rewritten.get(t.name, 0) != users.get(t.name, -1)]

@@ -198,3 +198,15 @@ def test_typed_gemm_built_from_the_node_matches(tmp_path, dtype, extra):
     x = feed(q)["x"]
     got = mm.reference(x.astype(np.float16), packed)
     assert rel_err(got, numpy_reference(q, x.astype(np.float16))) <= (1e-2 if extra[:1] == ("--act",) else 5e-3)
+
+
+@pytest.mark.parametrize("dtype", ["nf4", "mxfp4"])
+def test_bf16_model_keeps_its_output_type(tmp_path, dtype):
+    """bfloat16 models store float32 scales (mxfp4: uint8): the output is still bfloat16."""
+    from .onnx_models import to_bf16
+    q = _quantize(tmp_path, to_bf16(mlp_model()), "--dtype", dtype, "--group", "32")
+    x = feed(q)
+    y = pf.InferenceSession(q, target="cpu").run(None, x)[0]
+    assert y.dtype == ml_dtypes.bfloat16
+    ref = pf.InferenceSession(to_bf16(mlp_model()), target="cpu").run(None, x)[0]
+    assert rel_err(y, ref) <= 0.35     # quantisation error only
