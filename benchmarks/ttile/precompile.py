@@ -8,7 +8,6 @@ import time
 
 
 def _sources():
-    from powerfusion.ttile.matmul import Matmul
     from tests.ttile.gpu_cases import gpu_matmuls, path_matmuls, tiling_matmuls, unaligned_matmuls
     from tests.ttile.onnx_models import session_matmuls
     from benchmarks.ttile import bench
@@ -17,16 +16,8 @@ def _sources():
                + list(session_matmuls())):
         seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     if "--bench" in sys.argv:
-        quick = "--quick" in sys.argv
-        for M in ((1,) if quick else (1, 16, 256)):
-            combos = bench.M1_COMBOS if M == 1 else bench.BIG_COMBOS
-            for N, K in (bench.SHAPES[:2] if quick else bench.SHAPES):
-                for A, W, zm in combos:
-                    for R, ks, kern in bench.variants(M, A, W):
-                        mm = Matmul(M, N, K, A, W, group_size=None if W.startswith("mx") else 128,
-                                    zeros_mode=zm, out_dtype="fp16" if A == "int8" else A, rows_per_warp=R,
-                                    ksplit=ks, kernel=kern)
-                        seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
+        for mm in bench.all_matmuls("--quick" in sys.argv, "--m1-only" in sys.argv):
+            seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
     return list(seen.values())
 
 

@@ -1,4 +1,8 @@
-"""ttile_bench.json -> ttile_bench.md: per-shape table, M = 1 geomeans and the floors."""
+"""ttile.json -> ttile.md: geomean speedups over cuBLAS fp16 per type and M, the fraction of copy
+bandwidth over the packed weight bytes at M = 1, and the issue's targets.
+
+    python benchmarks/ttile/summarize.py OUT/ttile.json     (writes OUT/ttile.md)
+"""
 from __future__ import annotations
 
 import json
@@ -7,67 +11,95 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-FLOORS = {("fp16", "int4"): 2.5, ("int8", "int2"): 4.0}
+# (A, W) -> M = 1 geomean speedup over cuBLAS fp16 the work aims at; every shape >= 0.80 of copy BW
+M1_TARGETS = {("fp16", "int4"): 3.4, ("fp16", "nf4"): 3.2, ("fp16", "fp8_e4m3"): 1.85, ("int8", "int2"): 6.5,
+              ("int8", "int1"): 8.0}
+BW_TARGET = 0.80
+FOUR_BIT = ("int4", "uint4", "nf4", "fp4_e2m1", "mxfp4")
 
 
-def best_rows(rows):
-    """Keep the fastest tiling variant per (M, N, K, A, W, zeros)."""
+def _geo(v):
+    return math.prod(v) ** (1 / len(v)) if v else float("nan")
+
+
+def _key(r):
+    return (r["A"], r["W"] + (f"/{r['zeros']}" if r.get("zeros") else ""))
+
+
+def _rows(data, default_only):
+    """Typed rows with their cuBLAS time; default_only: the scheduler's fixed tiling, else the best per shape."""
     best = {}
-    for r in rows:
-        if "time_us" not in r:
+    for r in data["rows"]:
+        if "time_us" not in r or r["kernel"] == "cublas_fp16" or (default_only and not r.get("default")):
             continue
-        key = (r["M"], r["N"], r["K"], r["A"], r["W"], r.get("zeros"), r["kernel"])
-        if key not in best or r["time_us"] < best[key]["time_us"]:
-            best[key] = r
+        k = (r["M"], r["N"], r["K"]) + _key(r)
+        if k not in best or r["time_us"] < best[k]["time_us"]:
+            best[k] = r
     return list(best.values())
 
 
 def render(data) -> str:
-    meta, rows = data["meta"], best_rows(data["rows"])
+    meta = data["meta"]
+    shapes = sorted({(r["N"], r["K"]) for r in data["rows"]})
     lines = [f"# Typed GEMM benchmark ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
-             f"D2D copy bandwidth measured in the same run: {meta['copy_bandwidth_GBps']:.0f} GB/s. "
-             f"Timing: {meta['method']}.", "",
-             "| M | N x K | A x W | kernel | time (us) | vs cuBLAS fp16 | % of copy BW |",
-             "|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["M"], r["N"], r["K"], r["kernel"] != "cublas_fp16", r["A"], r["W"])):
-        w = r["W"] + (f"/{r['zeros']}" if r.get("zeros") else "")
-        kern = r["kernel"] + (" (scheduler's choice)" if r.get("chosen") and r["M"] > 1 else "")
-        lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['A']} x {w} | {kern} | {r['time_us']:.1f} | "
-                     f"{r['speedup']:.2f}x | {100 * r['frac_copy_bw']:.0f}% |")
-    geo = defaultdict(list)
-    for r in rows:
-        if r["M"] == 1 and r["kernel"] != "cublas_fp16":   # M = 1 runs one path: the fused CUDA-core kernel
-            geo[(r["A"], r["W"], r.get("zeros"))].append(r["speedup"])
-    lines += ["", "## M = 1, geomean speedup over cuBLAS fp16 (4 shapes)", "",
-              "| A x W | geomean | min | floor |", "|---|---|---|---|"]
-    for (a, w, z), v in sorted(geo.items(), key=lambda kv: -math.prod(kv[1]) ** (1 / len(kv[1]))):
-        g = math.prod(v) ** (1 / len(v))
-        floor = FLOORS.get((a, w), 1.0)
-        ok = "met" if g >= floor and min(v) >= 1.0 else "NOT met"
-        lines.append(f"| {a} x {w}{'/' + z if z else ''} | {g:.2f}x | {min(v):.2f}x | >= {floor}x geomean, "
-                     f">= 1x each: {ok} |")
-    tiles = defaultdict(lambda: defaultdict(list))
-    for r in data["rows"]:
-        if r["M"] == 1 and r.get("kernel") == "typed" and "time_us" in r:
-            tiles[(r["A"], r["W"], r.get("zeros"))][(r["R"], r["ksplit"])].append(r["speedup"])
-    tuned = {k: v for k, v in tiles.items() if len(v) > 1}
-    if tuned:
-        lines += ["", "## M = 1, geomean per fixed tiling (rows per warp R, warps splitting K)", "",
-                  "| A x W | " + " | ".join(f"R={a} ks={b}" for a, b in sorted(next(iter(tuned.values())))) + " |",
-                  "|---|" + "---|" * len(next(iter(tuned.values())))]
-        for (a, w, z), v in tuned.items():
-            cells = [f"{math.prod(x) ** (1 / len(x)):.2f}x" for _, x in sorted(v.items())]
-            lines.append(f"| {a} x {w} | " + " | ".join(cells) + " |")
-        lines += ["", "The geomean table above takes the fastest candidate per shape (the profiling step of "
-                  "hint-based scheduling); `codegen.DEFAULT_R` holds the best fixed choice."]
+             f"Copy bandwidth measured in the same run ({meta.get('copy_bandwidth_by', 'copy')}, read + write): "
+             f"{meta['copy_bandwidth_GBps']:.0f} GB/s. Timing: {meta['method']}. Shapes (N x K): "
+             + ", ".join(f"{n}x{k}" for n, k in shapes) + ". Speedup: cuBLAS fp16 time / ours, same run. "
+             "BW: packed weight + scale bytes / time / copy bandwidth (1.0 = the bandwidth floor).", ""]
+    if meta.get("incomplete"):
+        lines += [f"**Incomplete run:** {meta['incomplete']}.", ""]
+    dflt, best = _rows(data, True), _rows(data, False)
+    by_m = defaultdict(lambda: defaultdict(list))
+    for r in dflt:
+        by_m[_key(r)][r["M"]].append(r["speedup"])
+    ms = sorted({r["M"] for r in dflt})
+    lines += ["## Geomean speedup over cuBLAS fp16 (scheduler's default kernel and tiling)", "",
+              "| A x W | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for k in sorted(by_m):
+        lines.append(f"| {k[0]} x {k[1]} | " + " | ".join(f"{_geo(by_m[k][m]):.2f}x" if by_m[k][m] else "-"
+                                                          for m in ms) + " |")
+    lines += ["", "## M = 1 against the targets", "",
+              "| A x W | geomean (default) | geomean (best tiling) | BW min-max | target | met |",
+              "|---|---|---|---|---|---|"]
+    m1d, m1b = defaultdict(list), defaultdict(list)
+    for r in dflt:
+        if r["M"] == 1:
+            m1d[_key(r)].append(r)
+    for r in best:
+        if r["M"] == 1:
+            m1b[_key(r)].append(r)
+    for k in sorted(m1d):
+        gd = _geo([r["speedup"] for r in m1d[k]])
+        gb = _geo([r["speedup"] for r in m1b[k]])
+        fr = [r["frac_copy_bw"] for r in m1b[k]]
+        tgt = M1_TARGETS.get((k[0], k[1]))
+        met = "-" if tgt is None else ("yes" if gb >= tgt and min(fr) >= BW_TARGET else "no")
+        lines.append(f"| {k[0]} x {k[1]} | {gd:.2f}x | {gb:.2f}x | {min(fr):.2f}-{max(fr):.2f} | "
+                     f"{'-' if tgt is None else f'>= {tgt}x, BW >= {BW_TARGET}'} | {met} |")
+    lines += ["", "W1A8 is int8 x int1 (int1 holds {-1, 0} x scale), W1A16 fp16 x int1.", ""]
+    for m, tgt in ((16, 1.5), (256, 1.0)):
+        g = {k: _geo(by_m[k][m]) for k in by_m if by_m[k][m] and k[1] in FOUR_BIT}
+        if g:
+            lines.append(f"M = {m}, 4-bit weights (target >= {tgt}x): " +
+                         ", ".join(f"{a} x {w} {v:.2f}x" for (a, w), v in sorted(g.items())) + ".")
+    lines += ["", "## M = 1 per shape (best tiling): time us / speedup / BW", "",
+              "| A x W | " + " | ".join(f"{n}x{k}" for n, k in shapes) + " |", "|---|" + "---|" * len(shapes)]
+    cub = {(r["N"], r["K"]): r for r in data["rows"] if r.get("kernel") == "cublas_fp16" and r["M"] == 1}
+    lines.append("| cuBLAS fp16 | " + " | ".join(f"{cub[s]['time_us']:.1f}" if s in cub else "-" for s in shapes) + " |")
+    for k in sorted(m1b):
+        cells = {(r["N"], r["K"]): r for r in m1b[k]}
+        lines.append(f"| {k[0]} x {k[1]} | " + " | ".join(
+            f"{c['time_us']:.1f} / {c['speedup']:.2f}x / {c['frac_copy_bw']:.2f}" if (c := cells.get(s)) else "-"
+            for s in shapes) + " |")
     errs = [r for r in data["rows"] if "error" in r]
     if errs:
-        lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['A']} x {r['W']}: {r['error']}" for r in errs]
+        lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {r['A']} x {r['W']}: {r['error']}"
+                                          for r in errs[:20]]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
     src = Path(sys.argv[1])
-    data = json.loads(src.read_text())
-    (src.parent / "ttile_bench.md").write_text(render(data))
-    print(render(data))
+    text = render(json.loads(src.read_text()))
+    src.with_suffix(".md").write_text(text)
+    print(text)

@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compile": "powerfusion.cli.cmd_compile",
     "convert": "powerfusion.cli.cmd_convert",
     "quantize": "powerfusion.cli.cmd_quantize",
+    "quantize-weights": "powerfusion.cli.cmd_quantize_weights",
     "bench": "powerfusion.cli.cmd_bench",
     "viz": "powerfusion.cli.cmd_viz",
     "cache": "powerfusion.cli.cmd_cache",

@@ -4,6 +4,9 @@ Two ONNX forms are recognised:
 
 * `com.microsoft.MatMulNBits` (what `powerfusion.quantize_weights` and onnxruntime's
   quantisers write): B, scales and zero_points must be constants; g_idx is refused.
+* `ai.powerfusion.MatMulLowBit` (what `powerfusion quantize-weights` writes for the weight
+  types MatMulNBits cannot hold: NF4, FP4, MXFP4, FP8, INT1, and int8 activations;
+  defined in docs/ttile.md): B and scales (and bias) must be constants.
 * `DequantizeLinear(x, x_scale[, x_zero_point]) -> MatMul(A, .)` with x a constant 2-D
   int4/uint4/int8/uint8 initializer whose only consumer is MatMul's input 1, scales per
   output column (axis 1) or blocked along K (axis 0, block_size). Folding would turn the
@@ -27,8 +30,10 @@ from powerfusion.basic import TypedMatMul
 MS_DOMAIN = "com.microsoft"
 PF_DOMAIN = "ai.powerfusion"
 # (domain, op type) -> the source recorded in TypedMatMul
-QUANTIZED_OPS = {(MS_DOMAIN, "MatMulNBits"): "MatMulNBits", (PF_DOMAIN, "DequantizeMatMul"): "DequantizeLinear"}
+QUANTIZED_OPS = {(MS_DOMAIN, "MatMulNBits"): "MatMulNBits", (PF_DOMAIN, "DequantizeMatMul"): "DequantizeLinear",
+                 (PF_DOMAIN, "MatMulLowBit"): "MatMulLowBit"}
 DQ_WEIGHT_DTYPES = ("int4", "uint4", "int8", "uint8")
+_FLOAT_ONNX = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -97,7 +102,7 @@ def inference_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(is_quantized(n) for n in g.node):
         return model
     types = {t.name: t.data_type for t in g.initializer}
-    types.update({vi.name: vi.type.tensor_type.elem_type for vi in g.input})
+    types.update({vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info)})
     dims = {t.name: tuple(t.dims) for t in g.initializer}
     dims.update({vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in g.input})
     taken = {n for node in g.node for n in list(node.input) + list(node.output)} | set(types)
@@ -109,6 +114,9 @@ def inference_stand_ins(model: onnx.ModelProto) -> onnx.ModelProto:
         at = _attrs(n)
         if n.op_type == "MatMulNBits":
             K, N, scale = at.get("K"), at.get("N"), n.input[2] if len(n.input) > 2 else ""
+        elif n.op_type == "MatMulLowBit":   # typed like A where A's type is known (mxfp4 scales are
+            K, N = at.get("K"), at.get("N")  # uint8 codes, a bfloat16 model's scales float32)
+            scale = n.input[0] if types.get(n.input[0]) in _FLOAT_ONNX else (n.input[2] if len(n.input) > 2 else "")
         else:
             (K, N), scale = dims.get(n.input[1], (None, None)), n.input[2]
         if K is None or N is None or scale not in types:
@@ -145,11 +153,25 @@ def check_quantized(cx) -> str | None:
             if cx.has(i) and cx.const(i) is None:
                 return f"input {i} ('{node.input[i]}') must be a constant"
         K = at["K"]
+    elif node.op_type == "MatMulLowBit":
+        reason = _check_lowbit(cx)
+        if reason:
+            return reason
+        K = at["K"]
     else:
         K = cx.const(1).shape[0]
     if a.shape[-1] != K:
         return f"A's last dimension {a.shape[-1]} is not K = {K}"
     return None
+
+
+def _check_lowbit(cx) -> str | None:
+    """Attributes and constants of a MatMulLowBit, checked by ttile (the op's definition)."""
+    for i in (1, 2, 3):
+        if cx.has(i) and cx.const(i) is None:
+            return f"input {i} ('{cx.node.input[i]}') must be a constant"
+    from powerfusion.ttile.onnx_lowbit import lowbit_problem
+    return lowbit_problem(cx.node, {cx.node.input[i]: cx.const(i) for i in (1, 2, 3) if cx.has(i)})
 
 
 def convert_quantized(cx) -> None:
@@ -159,6 +181,13 @@ def convert_quantized(cx) -> None:
         K, N, bits, bs = at["K"], at["N"], at.get("bits", 4), at["block_size"]
         slots = tuple(i for i in (1, 2, 3, 5) if cx.has(i))
         op = TypedMatMul("MatMulNBits", bits, bs, K, N, tuple(sorted(at.items())), slots)
+        consts = [cx.inp(i) for i in slots]
+    elif node.op_type == "MatMulLowBit":
+        from powerfusion.ttile.ttype import get_ttype
+        K, N, bs = at["K"], at["N"], at["block_size"]
+        slots = tuple(i for i in (1, 2, 3) if cx.has(i))
+        wd = at["weight_dtype"]
+        op = TypedMatMul("MatMulLowBit", get_ttype(wd.decode() if isinstance(wd, bytes) else wd).bits, bs, K, N, tuple(sorted(at.items())), slots)
         consts = [cx.inp(i) for i in slots]
     else:
         x = cx.const(1)
@@ -181,6 +210,9 @@ def source_node(op: TypedMatMul, names: list[str]) -> onnx.NodeProto:
     if op.source == "MatMulNBits":
         ins[0] = names[0]
         node = helper.make_node("MatMulNBits", ins, ["Y"], domain=MS_DOMAIN, **dict(op.attrs))
+    elif op.source == "MatMulLowBit":
+        ins[0] = names[0]
+        node = helper.make_node("MatMulLowBit", ins, ["Y"], domain=PF_DOMAIN, **dict(op.attrs))
     else:
         node = helper.make_node("DequantizeLinear", ins, ["W"], **dict(op.attrs))
     return node
@@ -190,13 +222,18 @@ def run_typed_matmul(op: TypedMatMul, args, dtype) -> np.ndarray:
     """numpy: MatMulNBits through ttile's reference; DequantizeLinear rounded to the scale dtype
     (as ONNX does) and then a float64 MatMul."""
     a = np.asarray(args[0])
-    if op.source == "MatMulNBits":
+    if op.source in ("MatMulNBits", "MatMulLowBit"):
+        from powerfusion.ttile.onnx_lowbit import matmul_lowbit_reference
         from powerfusion.ttile.onnx_quant import matmul_nbits_reference
         inputs: list = [None] * (max(op.slots) + 1)
         inputs[0] = a
         for slot, v in zip(op.slots, args[1:]):
             inputs[slot] = np.asarray(v)
-        return matmul_nbits_reference(source_node(op, ["A"] + [""] * len(op.slots)), inputs).astype(dtype)
+        names = ["A"] + [""] * max(op.slots)
+        for slot in op.slots:
+            names[slot] = f"c{slot}"
+        ref = matmul_nbits_reference if op.source == "MatMulNBits" else matmul_lowbit_reference
+        return ref(source_node(op, [names[0]] + [names[s] for s in op.slots]), inputs).astype(dtype)
     w = dequantize(op, [np.asarray(v) for v in args[1:]])
     return (a.astype(np.float64) @ w.astype(np.float64)).astype(dtype)
 

@@ -18,7 +18,7 @@ A16 = ("fp16", "bf16")
 KERNEL_WTYPES = {
     "fp16": ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int1", "uint1",
              "nf4", "fp4_e2m1", "mxfp4", "fp8_e4m3", "mxfp8"),
-    "int8": ("int8", "int4", "int2"),
+    "int8": ("int8", "int4", "int2", "int1"),
 }
 KERNEL_WTYPES["bf16"] = KERNEL_WTYPES["fp16"]
 A_SMEM_MAX = 44 << 10   # static shared memory for staged activations (48 KiB minus LUT / reduction)
@@ -42,6 +42,7 @@ class KernelSpec:
     MT: int = 1              # activation rows per block
     warps: int = 4
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
+    stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2, or 3: swept by the benchmark)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
 
     @property
@@ -69,6 +70,18 @@ class KernelSpec:
         if self.zeros_mode:
             return self.zeros_mode
         return "sym" if tt.kind == "int" else "none"
+
+
+SMEM_STATIC_MAX = 47 << 10   # 48 KiB of static shared memory, less the warps' reduction
+
+
+def lut_table_copies(staged_bytes: int) -> int:
+    """Interleaved copies of the GEMV's 1 KiB pair table: 32 (conflict-free lookups) where the
+    staged activations leave room, else the most that fit (16: at most 2-way conflicts)."""
+    for copies in (32, 16, 8, 4, 2, 1):
+        if staged_bytes + 1024 * copies <= SMEM_STATIC_MAX:
+            return copies
+    return 1
 
 
 def chunk_elems(bits: int) -> int:
@@ -100,10 +113,16 @@ def choose_tiling(M: int, bits: int, A_dtype: str, R: int | None = None,
     return R, mt, ksplit
 
 
-# rows per warp at M = 1, keyed by (int8 activations, weight bits): the best fixed choice
-# over the four LLaMA-70B shapes on H200 (benchmarks/results/ttile_bench.md)
-DEFAULT_R = {(False, 8): 2, (False, 4): 4, (False, 2): 4, (False, 1): 4,
-             (True, 8): 2, (True, 4): 4, (True, 2): 4}
+# rows per warp at M = 1, keyed by (int8 activations, weight bits), with default_warps(1) = 8
+# warps per block: the best fixed choice over the eight LLaMA-7B / 70B shapes on H200
+# (benchmarks/results/ttile.md; R=2 x 8 warps beat R=4 x 4 warps for W4A16, NF4, FP8, W2A8)
+DEFAULT_R = {(False, 8): 2, (False, 4): 2, (False, 2): 4, (False, 1): 4,
+             (True, 8): 2, (True, 4): 4, (True, 2): 2}
+
+
+def default_warps(M: int) -> int:
+    """Warps per block of the CUDA-core kernel: 8 at M = 1 (more loads in flight per SM), else 4."""
+    return 8 if M == 1 else 4
 
 
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
@@ -123,6 +142,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     abytes = 1 if a8 else 2
     ca = 4 * E * abytes                                   # activation bytes per lane chunk
     srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
+    a_smem = kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX
+    lut_copies = lut_table_copies(spec.MT * srow if a_smem else 0) if kind == "gemv" and spec.dq == "lut" else 1
     mma = {}
     if kind == "mma":
         ks = 512 if bits == 1 else 256
@@ -132,7 +153,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
     name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
-            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}")
+            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
+            + (f"p{spec.stages}" if spec.stages != 2 else ""))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"
@@ -145,7 +167,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, stages=spec.stages,
+        lut_copies=lut_copies, lut_entry_log2=2 + lut_copies.bit_length() - 1,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,
         mask=hex(((1 << bits) - 1) * 0x00010001), mask8=hex(((1 << bits) - 1) * 0x01010101),

@@ -42,7 +42,8 @@ class Matmul:
                  accum_dtype: str | None = None, out_dtype: str | None = None,
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
-                 arch: str = "sm_90", target: str = "h200", kernel: str | None = None):
+                 arch: str = "sm_90", target: str = "h200", kernel: str | None = None,
+                 warps: int | None = None, stages: int | None = None):
         from powerfusion.ttile.dtype_names import canonical   # BitBLAS spellings: "float16", "bfloat16", ...
         A_dtype, W_dtype = canonical(A_dtype), canonical(W_dtype)
         accum_dtype, out_dtype = canonical(accum_dtype), canonical(out_dtype)
@@ -70,9 +71,19 @@ class Matmul:
         self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel)
         K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
-        R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit)
+        if warps not in (None, 2, 4, 8, 16):
+            raise ValueError(f"warps per block must be 2, 4, 8 or 16, got {warps}")
+        kind = self.schedule.kernel
+        if kind == "mma" or (warps is None and kind != "gemv"):
+            warps = 4        # the mma kernel is written for 4
+        elif warps is None:   # a given split-K over the block's warps fixes their number
+            warps = ksplit if ksplit and ksplit > 1 else codegen.default_warps(M)
+        R, MT, ks = codegen.choose_tiling(M, tt.bits, A_dtype, rows_per_warp, ksplit, warps)
+        if stages not in (None, 2, 3):
+            raise ValueError(f"stages must be 2 or 3, got {stages}")
+        stages = stages or 2   # 3 (more loads in flight per row) is an option the benchmark sweeps
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
-                                       zeros_mode, with_bias, R, MT, ksplit=ks)
+                                       zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks, stages=stages)
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
         self.kind = self.schedule.kernel

@@ -131,3 +131,24 @@ def test_every_wtype_atype_and_family_compiles(tmp_path):
 def test_every_other_kernel_compiles(tmp_path):
     """The rest of the full set: the other zero modes, GEMV at M = 4 with fp32 output."""
     _compile_batched(tmp_path, [mm for mm in every_kernel() if not in_default_subset(mm)])
+
+
+@pytest.mark.parametrize("a,out", [("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32")])
+def test_int8_activation_row_kernels_compile(tmp_path, a, out):
+    """The per-row int8 rounding and rescale kernels of MatMulLowBit's act_dtype int8."""
+    from powerfusion.ttile.act_int8 import rows_source
+    tag, src = rows_source(a, out)
+    path = tmp_path / f"rows_{tag}.cu"
+    path.write_text(src)
+    rc, err = _nvcc(path, path.with_suffix(".fatbin"))
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("a,w,out", [("fp16", "int4", "fp16"), ("int8", "int2", "fp16"), ("bf16", "nf4", "bf16")])
+def test_three_stage_gemv_compiles(tmp_path, a, w, out):
+    """The CUDA-core kernel with three weight chunks per row in flight (a tiling the benchmark sweeps)."""
+    mm = Matmul(1, 200, 1000, a, w, out_dtype=out, group_size=64, with_bias=True, stages=3)
+    path = tmp_path / f"{mm.name}.cu"
+    path.write_text(mm.source)
+    rc, err = _nvcc(path, path.with_suffix(".fatbin"))
+    assert rc == 0, err

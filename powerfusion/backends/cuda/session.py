@@ -391,6 +391,9 @@ def typed_gemm(graph, node):
     consts = {t: np.asarray(graph.constants[t]) for t in node.inputs[1:]}
     if node.op.source == "MatMulNBits":
         mm, packed = matmul_nbits_to_typed(onnx_node, consts, M, A_dtype, out_dtype)
+    elif node.op.source == "MatMulLowBit":
+        from powerfusion.ttile.onnx_lowbit import matmul_lowbit_to_typed
+        mm, packed = matmul_lowbit_to_typed(onnx_node, consts, M, A_dtype, out_dtype)
     else:
         import onnx
         matmul = onnx.helper.make_node("MatMul", [node.inputs[0], onnx_node.output[0]], ["Y"])
