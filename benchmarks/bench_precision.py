@@ -3,14 +3,17 @@ torch.compile of the same module in fp32, fp16 (`.half()`) and bf16.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_precision.py [--out DIR] [--only NAME]
 
-Models: the committed small CNNs whose torch recipes need only torch (bench_models.CNNS).
+Models: the committed small CNNs whose torch recipes need only torch (bench_models.CNNS), and
+`bert_base_like`: BERT-base's layer (hidden 768, 12 heads, FFN 3072, sequence 128, batch 1)
+with `--bert-layers` layers (default 4, so one device call holds its export, quantisation and
+compiles; per-layer time is what the comparison needs), exported on the spot (transformers).
 Per model and implementation: device time of a captured run (ours: one CUDA-graph replay of the
 session's captured pieces between events, median of 30; torch: harness.time_torch), and
 `max_rel_error_vs_fp32`: max |out - our fp32 out| / max |our fp32 out|.
 INT8 static: calibration data are 16 seeded random input sets (models.export.sample_inputs),
-minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Our INT8 path lowers the
-quantised GEMMs / convs to float32 library calls (precision/qdq.py): these rows measure that
-path as it is, not integer tensor cores.
+minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Quantised MatMuls with
+int8 weights run as int8 x int8 -> int32 cuBLAS GEMMs (IMMA; `int8_gemms` counts the steps per
+route); quantised convs still run as float32 convolutions of the shifted integers (qdq.py).
 Writes <out>/precision.{json,md} (default benchmarks/results).
 """
 from __future__ import annotations
@@ -38,6 +41,58 @@ def _device_time(sess) -> float:
     return statistics.median(graph_replay_times(sess))
 
 
+def bert_base_like(layers: int):
+    """(recipe, ONNX model): BERT-base's encoder layer (post-LN, hidden 768, 12 heads, FFN 3072,
+    GELU) `layers` times on float hidden states [1, 128, 768], in plain torch (the GPU machine
+    has no transformers), random weights, exported with the TorchScript exporter."""
+    import io
+    import onnx
+    import torch
+    from models.export import Recipe
+    from models.onnx_tools import TensorSpec
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(*[_EncoderLayer() for _ in range(layers)]).eval()
+    recipe = Recipe(name="bert_base_like", module=module, inputs=(TensorSpec("hidden", (1, 128, 768), "float32"),),
+                    outputs=("out",), description=f"BERT-base encoder layer x{layers}", exporter="legacy", opset=17)
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(module, (torch.zeros(1, 128, 768),), buf, input_names=["hidden"], output_names=["out"],
+                          opset_version=17, dynamo=False)
+    return recipe, onnx.load_from_string(buf.getvalue())
+
+
+def _encoder_layer_class():
+    import torch
+
+    class EncoderLayer(torch.nn.Module):
+        def __init__(self, d: int = 768, heads: int = 12, ffn: int = 3072):
+            super().__init__()
+            self.heads = heads
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+            self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+            self.up, self.down = torch.nn.Linear(d, ffn), torch.nn.Linear(ffn, d)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            split = lambda t: t.reshape(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+            q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+            att = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+            x = self.ln1(x + self.o((att @ v).transpose(1, 2).reshape(b, s, d)))
+            return self.ln2(x + self.down(torch.nn.functional.gelu(self.up(x))))
+    return EncoderLayer
+
+
+def _EncoderLayer():
+    return _encoder_layer_class()()
+
+
+def _int8_gemms(sess) -> str:
+    routes = list(getattr(sess._executor, "int8_routes", {}).values())
+    imma = sum(r == "imma" for r in routes)
+    return f"{imma} imma, {len(routes) - imma} fallback" + (f" ({sorted(set(routes) - {'imma'})})"
+                                                            if len(routes) > imma else "")
+
+
 def _model_for(kind: str, model, recipe):
     from powerfusion.precision.calibration import check_calibration
     from powerfusion.precision.ptq import QuantizeOptions, quantize_model
@@ -51,17 +106,20 @@ def _model_for(kind: str, model, recipe):
     return model
 
 
-def bench(name: str) -> list[dict]:
+def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_layers: int = 4) -> list[dict]:
     import onnx
     import torch
     from harness import time_torch
     from models.export import sample_inputs
     from powerfusion import InferenceSession
-    recipe = getattr(importlib.import_module(f"models.{CNNS[name]}"), f"{CNNS[name]}_recipe")(small=True)
+    if name == "bert_base_like":
+        recipe, model = bert_base_like(bert_layers)
+    else:
+        recipe = getattr(importlib.import_module(f"models.{CNNS[name]}"), f"{CNNS[name]}_recipe")(small=True)
+        model = onnx.load(ROOT / "models" / "small" / f"{name}.onnx")
     feeds = sample_inputs(recipe.inputs, 0)
-    model = onnx.load(ROOT / "models" / "small" / f"{name}.onnx")
     rows, ref = [], None
-    for kind in OURS:
+    for kind in kinds:
         try:
             m = _model_for(kind, model, recipe)
             precision = kind if kind in ("fp16", "bf16") else "fp32"
@@ -70,10 +128,15 @@ def bench(name: str) -> list[dict]:
             ref = out if ref is None else ref
             rows.append({"case": name, "impl": f"powerfusion {kind}", "device_time_s": _device_time(sess),
                          "max_rel_error_vs_fp32": float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))})
+            if kind.startswith("int8"):
+                rows[-1]["int8_gemms"] = _int8_gemms(sess)
         except Exception:
             rows.append({"case": name, "impl": f"powerfusion {kind}", "error": traceback.format_exc(limit=3)[-800:]})
+        _print(rows[-1])
     module = recipe.module.eval().cuda()
     for label, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        if label not in torch_kinds:
+            continue
         mod = module.to(dtype)
         args = tuple(torch.from_numpy(feeds[s.name]).cuda().to(dtype) if feeds[s.name].dtype.kind == "f"
                      else torch.from_numpy(feeds[s.name]).cuda() for s in recipe.inputs)
@@ -85,7 +148,13 @@ def bench(name: str) -> list[dict]:
         err = None if ref is None else float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
         rows.append({"case": name, "impl": f"torch.compile {label}", "device_time_s": t.device_time_s,
                      "max_rel_error_vs_fp32": err})
+        _print(rows[-1])
     return rows
+
+
+def _print(r: dict) -> None:
+    print(f"{r['case']:20s} {r['impl']:26s} " + (f"{r['device_time_s'] * 1e6:9.1f} us  err {r['max_rel_error_vs_fp32']}"
+          f"  {r.get('int8_gemms', '')}" if "device_time_s" in r else r["error"][-300:]), flush=True)
 
 
 def summary(rows: list[dict]) -> dict:
@@ -100,23 +169,25 @@ def summary(rows: list[dict]) -> dict:
     return {"amp_fp16_over_our_fp32": geo("powerfusion fp16", "powerfusion fp32"),
             "amp_bf16_over_our_fp32": geo("powerfusion bf16", "powerfusion fp32"),
             "amp_fp16_over_torch_compile_fp16": geo("powerfusion fp16", "torch.compile fp16"),
-            "int8_static_over_our_fp16": geo("powerfusion int8-static", "powerfusion fp16")}
+            "int8_static_over_our_fp16": geo("powerfusion int8-static", "powerfusion fp16"),
+            "int8_dynamic_over_our_fp16": geo("powerfusion int8-dynamic", "powerfusion fp16")}
 
 
 def main(argv=None) -> int:
     from harness import run_metadata, write_results
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated substrings of the model names to run")
+    ap.add_argument("--kinds", default=",".join(OURS), help="our precisions to run (comma-separated)")
+    ap.add_argument("--torch-kinds", default="fp32,fp16,bf16", help="torch.compile dtypes to run")
+    ap.add_argument("--bert-layers", type=int, default=4)
     args = ap.parse_args(argv)
     rows = []
-    for name in CNNS:
-        if args.only in name:
-            rows += bench(name)
-            for r in rows[-8:]:
-                print(f"{r['case']:20s} {r['impl']:26s} " + (f"{r['device_time_s'] * 1e6:9.1f} us  "
-                      f"err {r['max_rel_error_vs_fp32']}" if "device_time_s" in r else r["error"][-200:]), flush=True)
-    meta = run_metadata(suite="precision", geomean=summary(rows))
+    kinds, torch_kinds = tuple(args.kinds.split(",")), tuple(args.torch_kinds.split(","))
+    for name in ("bert_base_like", *CNNS):
+        if any(part in name for part in args.only.split(",")):
+            rows += bench(name, kinds, torch_kinds, args.bert_layers)
+    meta = run_metadata(suite="precision", geomean=summary(rows), bert_layers=args.bert_layers)
     print(meta["geomean"])
     for r in rows:
         r.setdefault("dtype", r["impl"].split()[-1])

@@ -515,6 +515,8 @@ def execute_subgraph(subgraph: Subgraph, env: dict[str, np.ndarray], graph: Basi
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
     """Half types accumulate in float32 (as cuBLAS/cuDNN do); wider types stay as they are."""
     dtype = np.dtype(dtype)
+    if dtype.kind in "iu":   # integer GEMMs (int8 x int8 -> int32) accumulate exactly
+        return np.dtype(np.int64)
     if dtype.kind == "f" and dtype.itemsize < 4 or dtype.name == "bfloat16":
         return np.dtype(np.float32)
     return dtype

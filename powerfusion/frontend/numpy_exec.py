@@ -96,6 +96,8 @@ def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
 
 def run_matmul(op: B.MatMul, args, dtype):
     a, b = (_wide(x) for x in args)
+    if np.dtype(dtype).kind in "iu":   # integer GEMMs (int8 x int8 -> int32) accumulate exactly
+        a, b = a.astype(np.int64), b.astype(np.int64)
     if op.trans_a:
         a = np.swapaxes(a, -1, -2)
     if op.trans_b:

@@ -186,13 +186,15 @@ def convert_lrn(cx: NodeCtx):
 
 # ---- matmul, gemm, conv ---------------------------------------------------------------
 
-def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None) -> str:
+def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None, dtype=None) -> str:
+    """MatMul of a and b; its result is of a's dtype unless `dtype` says otherwise (int8 x int8
+    accumulates into int32)."""
     sa, sb = list(cx.info(a).shape), list(cx.info(b).shape)
     if len(sa) == 1 or len(sb) == 1:
         # numpy's 1-D promotion, made explicit so the library op always sees matrices
         a2 = cx.reshape(a, [1] + sa) if len(sa) == 1 else a
         b2 = cx.reshape(b, sb + [1]) if len(sb) == 1 else b
-        r = matmul(cx, a2, b2, trans_a, trans_b)
+        r = matmul(cx, a2, b2, trans_a, trans_b, dtype=dtype)
         shape = list(cx.info(r).shape)
         if len(sa) == 1:
             del shape[-2]
@@ -210,7 +212,7 @@ def matmul(cx: NodeCtx, a: str, b: str, trans_a=False, trans_b=False, out=None) 
         batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
     except ValueError:
         cx.fail(f"batch dimensions of {tuple(sa)} and {tuple(sb)} do not broadcast")
-    return cx.emit(MatMul(trans_a, trans_b), [a, b], tuple(batch) + (m, n), cx.info(a).dtype, out)
+    return cx.emit(MatMul(trans_a, trans_b), [a, b], tuple(batch) + (m, n), dtype or cx.info(a).dtype, out)
 
 
 def _swapped_source(cx: NodeCtx, name: str, trans: bool) -> tuple[str, bool]:
@@ -229,6 +231,16 @@ def _swapped_source(cx: NodeCtx, name: str, trans: bool) -> tuple[str, bool]:
 
 def convert_matmul(cx: NodeCtx):
     matmul(cx, cx.inp(0), cx.inp(1), out=cx.out())
+
+
+def convert_matmul_integer(cx: NodeCtx):
+    """MatMulInteger of two int8 operands without zero points (the form precision/qdq.py leaves
+    for integer GEMMs; it folds zero points into memory-bound terms): a MatMul with an int32
+    result. Other forms are lowered to float ops before conversion."""
+    if any(cx.has(i) for i in (2, 3)) or cx.dtype(0) != np.int8 or cx.dtype(1) != np.int8:
+        cx.fail("only int8 x int8 without zero points is converted directly "
+                f"(got {cx.dtype(0)} x {cx.dtype(1)}{' with zero points' if cx.has(2) or cx.has(3) else ''})")
+    matmul(cx, cx.inp(0), cx.inp(1), out=cx.out(), dtype=np.int32)
 
 
 def convert_gemm(cx: NodeCtx):
@@ -404,7 +416,7 @@ CONVERTERS = {op: convert_reduce for op in REDUCE}
 CONVERTERS.update({
     "Softmax": convert_softmax, "LogSoftmax": convert_log_softmax, "LayerNormalization": convert_layer_norm,
     "InstanceNormalization": convert_instance_norm, "BatchNormalization": convert_batch_norm, "LRN": convert_lrn,
-    "MatMul": convert_matmul, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
+    "MatMul": convert_matmul, "MatMulInteger": convert_matmul_integer, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
     "AveragePool": convert_avgpool, "LpPool": convert_lp_pool, "LpNormalization": convert_lp_normalization, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
 })
 CHECKS = {"BatchNormalization": batch_norm_unsupported, "MaxPool": maxpool_unsupported}

@@ -11,11 +11,14 @@ ONNX definitions and onnxruntime's CPU kernels:
     QLinear*(..)  = saturate(round_half_even(acc * (a_scale * b_scale / y_scale)) + y_zero_point),
                     acc = sum((a - a_zero_point) * (b - b_zero_point)) (+ bias)
 
-The accumulation runs as a float32 MatMul / Conv of the zero-point-shifted integers: exact
+MatMulInteger and QLinearMatMul (and QDQ MatMuls, rewritten into MatMulInteger by
+integer_gemm.fuse_qdq_matmul) with a constant int8 weight of zero point 0 accumulate in an
+int8 x int8 -> int32 GEMM with the zero points folded out (integer_gemm.py): integer tensor
+cores on CUDA. The other accumulations run as a float32 MatMul / Conv of the zero-point-shifted integers: exact
 while |acc| < 2**24 (int8 x int8 products of at most 2**15, so any K below 512, and in practice
 far beyond, as products of both signs cancel); larger sums may round the last bit, which moves
 a requantised output by at most one step. This keeps the GEMMs on the library path of every
-backend; integer GEMMs on tensor cores (IMMA) are not used yet. The (de)quantisation itself
+backend. The (de)quantisation itself
 becomes elementwise basic ops, which the partition keeps in memory-bound subgraphs next to
 their neighbours.
 
@@ -189,9 +192,21 @@ def lower_matmul_integer(lw: _Lowering, node):
     a, b = node.input[0], node.input[1]
     if lw.types.get(a) not in QUANT_TYPES or lw.types.get(b) not in QUANT_TYPES or not _scalar(lw, _zp(node, 2)):
         return None
+    acc = _integer_acc(lw, a, _zp(node, 2), b, _zp(node, 3))
+    if acc is not None:
+        lw.op("Identity", [acc], node.output[0])
+        return lw.take()
     acc = lw.op("MatMul", [_shifted(lw, a, _zp(node, 2)), _shifted(lw, b, _zp(node, 3))])
     lw.op("Cast", [acc], node.output[0], to=TensorProto.INT32)
     return lw.take()
+
+
+def _integer_acc(lw: _Lowering, a: str, a_zp: str | None, b: str, b_zp: str | None) -> str | None:
+    """The int32 accumulator through an int8 x int8 integer GEMM (integer_gemm.py) where B is a
+    constant int8 weight with zero point 0; None otherwise (the float lowering applies)."""
+    from powerfusion.precision.integer_gemm import int8_weight, integer_product
+    w = int8_weight(lw, b, b_zp)
+    return None if w is None else integer_product(lw, a, a_zp, b, w)
 
 
 def lower_qlinear_matmul(lw: _Lowering, node):
@@ -200,7 +215,9 @@ def lower_qlinear_matmul(lw: _Lowering, node):
     if qtype is None or lw.types.get(a) not in QUANT_TYPES or lw.types.get(b) not in QUANT_TYPES \
             or not _scalar(lw, _zp(node, 2)):
         return None
-    acc = lw.op("MatMul", [_shifted(lw, a, _zp(node, 2)), _shifted(lw, b, _zp(node, 5))])
+    acc = _integer_acc(lw, a, _zp(node, 2), b, _zp(node, 5))
+    acc = lw.op("MatMul", [_shifted(lw, a, _zp(node, 2)), _shifted(lw, b, _zp(node, 5))]) if acc is None \
+        else lw.to_float(acc)
     mult = lw.op("Div", [lw.op("Mul", [node.input[1], node.input[4]]), node.input[6]])
     _saturate(lw, lw.op("Mul", [acc, mult]), _zp(node, 7), qtype, node.output[0])
     return lw.take()

@@ -57,6 +57,7 @@ class CudaPlanRunner:
         self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
+        self._int8 = None          # int8 GEMMs on our cuBLAS handle (int8_gemm.Int8Gemm), made when needed
         self._plan_convs(cupy)
         from powerfusion.backends.cuda import ape_route
         self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
@@ -175,16 +176,22 @@ class CudaPlanRunner:
         (blas.py), which CUDA-graph capture accepts; False where that path does not apply (the
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
-        from powerfusion.backends.cuda import blas, library
-        conv = self.convs.get(node.name)
+        from powerfusion.backends.cuda import blas, int8_gemm, library
+        int8 = isinstance(node.op, MatMul) and int8_gemm.is_int8_gemm(ins[0], ins[1], out)
+        conv = None if int8 else self.convs.get(node.name)
         if conv is not None:   # cuDNN, chosen when the runner was built
             conv.bind(cupy.cuda.get_current_stream().ptr)
             conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._conv_workspace)
             return True
         if self._blas is None:
             if not blas.available():
+                if int8:
+                    raise PowerFusionError(f"int8 MatMul '{node.name}' needs cuBLAS, which was not found")
                 return False
             self._blas = blas.Blas()
+        if int8:
+            self._blas.bind(cupy.cuda.get_current_stream())
+            return self._int8_into(node, ins, out)
         gemm = self._blas if self._ape is None else self._ape.for_node(node.name, self._blas)
         gemm.bind(cupy.cuda.get_current_stream())
         if isinstance(node.op, MatMul):
@@ -196,6 +203,22 @@ class CudaPlanRunner:
                                      strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
                                      dilations=op.dilations, group=op.group, logical_dtype=logical)
         return False
+
+    def _int8_into(self, node, ins, out) -> bool:
+        """int8 x int8 -> int32 MatMul on integer tensor cores (int8_gemm.py); cupy.matmul would
+        accumulate in int8, so a shape that path cannot take is an error, not a fallback."""
+        from powerfusion.backends.cuda.int8_gemm import Int8Gemm
+        if self._int8 is None:
+            self._int8 = Int8Gemm(self._blas)
+        if not self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b):
+            raise PowerFusionError(f"int8 MatMul '{node.name}' {ins[0].shape} x {ins[1].shape}: operands the "
+                                   "integer GEMM cannot take (non-contiguous or partially broadcast batch)")
+        return True
+
+    @property
+    def int8_routes(self) -> dict[str, str]:
+        """int8 MatMul step -> "imma" or "fallback float64: <why>" (after the first run)."""
+        return {} if self._int8 is None else dict(self._int8.routes)
 
     def _captures(self, s) -> bool:
         """Can this step be captured in a CUDA graph? Our kernels, fused typed GEMMs, and the

@@ -1,0 +1,110 @@
+"""int8 x int8 -> int32 GEMMs on integer tensor cores (IMMA) through cuBLAS.
+
+Quantised MatMuls reach the session as MatMul steps with int8 operands and an int32 result
+(zero points folded into memory-bound terms at import: precision/integer_gemm.py). They run as
+`cublasGemmStridedBatchedEx` with CUDA_R_8I inputs, a CUDA_R_32I output and CUBLAS_COMPUTE_32I,
+on the session's own cuBLAS handle (blas.Blas), so they are captured in its CUDA graph.
+
+cuBLAS's IMMA kernels need K and every leading dimension a multiple of 4 (4-byte rows of int8).
+Other shapes, and any call cuBLAS refuses, take the fallback: the operands widened to float64
+in buffers of ours (allocated at the first, eager run; kept per step) and a float64 cuBLAS GEMM,
+exact for any K below 2**37 / 128**2. `routes` says which path each step took and why.
+
+cuBLASLt would allow epilogues (scaling in the GEMM); the requantisation stays in the
+memory-bound kernels instead, where it fuses with the neighbouring elementwise ops.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I = 3, 10, 72
+_OP_N, _OP_T = 0, 1
+_GEMM_DEFAULT = -1
+
+
+def is_int8_gemm(a, b, out) -> bool:
+    """Whether these are the operands of an int8 x int8 -> int32 GEMM."""
+    return a.dtype == np.int8 and b.dtype == np.int8 and out.dtype == np.int32
+
+
+def imma_blocker(m: int, n: int, k: int, trans_a: bool, trans_b: bool) -> str | None:
+    """Why IMMA cannot run this row-major GEMM (a [m, k], b [k, n]), or None."""
+    lda, ldb = (m if trans_a else k), (k if trans_b else n)
+    bad = [f"{name}={v}" for name, v in (("K", k), ("lda", lda), ("ldb", ldb), ("ldc", n)) if v % 4]
+    return f"not a multiple of 4: {', '.join(bad)}" if bad else None
+
+
+class Int8Gemm:
+    """The int8 GEMMs of one session on its cuBLAS handle (a blas.Blas)."""
+
+    def __init__(self, blas):
+        self.blas = blas
+        self.routes: dict[str, str] = {}     # step name -> "imma" or "fallback float64: <why>"
+        self._wide: dict[str, tuple] = {}    # step name -> its float64 buffers
+
+    def gemm_into(self, name: str, a, b, out, *, trans_a: bool = False, trans_b: bool = False) -> bool:
+        """out = op(a) @ op(b) (int32, exact), batched as blas.gemm_into; False where neither path applies."""
+        from powerfusion.backends.cuda.blas import _batch_stride
+        if not is_int8_gemm(a, b, out) or a.ndim < 2 or b.ndim < 2:
+            return False
+        if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return False
+        m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
+        kb, n = (b.shape[-1], b.shape[-2]) if trans_b else b.shape[-2:]
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return False
+        if k != kb or tuple(out.shape) != tuple(batch) + (m, n):
+            return False
+        sa, sb = _batch_stride(a.shape[:-2], batch, m * k), _batch_stride(b.shape[:-2], batch, k * n)
+        if sa is None or sb is None:
+            return False
+        route = self.routes.get(name)
+        if route is None:
+            route = self.routes[name] = self._first_route(a, b, out, m, n, k, trans_a, trans_b)
+        if route == "imma":
+            status = self._imma(a, b, out, m, n, k, sa, sb, int(np.prod(batch, dtype=np.int64)), trans_a, trans_b)
+            self.blas._check(status, f"cublasGemmStridedBatchedEx (int8, {m}x{n}x{k})")
+            return True
+        return self._fallback(name, a, b, out, trans_a, trans_b)
+
+    def _first_route(self, a, b, out, m, n, k, trans_a, trans_b) -> str:
+        """IMMA where the shape allows it and cuBLAS accepts the call (tried once, eagerly)."""
+        from powerfusion.backends.cuda.blas import _batch_stride
+        why = imma_blocker(m, n, k, trans_a, trans_b)
+        if why is None and any(x.data.ptr % 4 for x in (a, b, out)):
+            why = "an operand is not 4-byte aligned"
+        if why is not None:
+            return f"fallback float64: {why}"
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        status = self._imma(a, b, out, m, n, k, _batch_stride(a.shape[:-2], batch, m * k),
+                            _batch_stride(b.shape[:-2], batch, k * n), int(np.prod(batch, dtype=np.int64)),
+                            trans_a, trans_b)
+        return "imma" if status == 0 else f"fallback float64: cuBLAS refused int8 (status {status})"
+
+    def _imma(self, a, b, out, m, n, k, sa, sb, count, trans_a, trans_b) -> int:
+        one, zero = np.ones((), np.int32), np.zeros((), np.int32)
+        # row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T
+        op_b, ld_b = (_OP_T, k) if trans_b else (_OP_N, n)
+        op_a, ld_a = (_OP_T, m) if trans_a else (_OP_N, k)
+        return self.blas.lib.cublasGemmStridedBatchedEx(
+            self.blas.handle, op_b, op_a, n, m, k, ctypes.c_void_p(one.ctypes.data),
+            ctypes.c_void_p(b.data.ptr), CUDA_R_8I, ld_b, sb, ctypes.c_void_p(a.data.ptr), CUDA_R_8I, ld_a, sa,
+            ctypes.c_void_p(zero.ctypes.data), ctypes.c_void_p(out.data.ptr), CUDA_R_32I, n, m * n,
+            count, CUBLAS_COMPUTE_32I, _GEMM_DEFAULT)
+
+    def _fallback(self, name: str, a, b, out, trans_a, trans_b) -> bool:
+        import cupy
+        if name not in self._wide:   # the first (eager) run allocates; captured runs reuse
+            self._wide[name] = tuple(cupy.empty(x.shape, cupy.float64) for x in (a, b, out))
+        a64, b64, c64 = self._wide[name]
+        a64[...] = a
+        b64[...] = b
+        if not self.blas.gemm_into(a64, b64, c64, trans_a=trans_a, trans_b=trans_b):
+            return False
+        cupy.rint(c64, out=c64)
+        out[...] = c64
+        return True

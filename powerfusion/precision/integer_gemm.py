@@ -1,0 +1,158 @@
+"""Integer GEMMs for quantised MatMuls: int8 x int8 -> int32, zero points folded out.
+
+A backend with integer tensor cores (cuBLAS's IMMA path, backends/cuda/int8_gemm.py) multiplies
+signed 8-bit operands without zero points. Quantised MatMuls carry them, so the lowering
+(qdq.py) rewrites, for a constant int8 weight W [K, N] with zero point 0 (symmetric weights, as
+onnxruntime's quantisers write them) and an activation a of zero point z:
+
+    sum_k (a[m,k] - z) W[k,n] = sum_k a8[m,k] W[k,n] + (s - z) * colsum(W)[n]
+
+with a8 = a - s an int8 tensor (s = 128 for uint8 activations, 0 for int8 ones) made by a
+tiny elementwise step that the partition fuses into the producing memory-bound kernel, and
+colsum(W) computed once here, at import. The product is a standard `MatMulInteger` of two
+int8 tensors without zero points (frontend: a MatMul with an int32 result); the correction is
+one int32 Add (a constant vector when z is, else (s - z) * colsum at run time), again
+memory-bound. Other weights (non-constant, uint8, non-zero zero points) keep the float lowering.
+
+`fuse_qdq_matmul` finds the QDQ form of the same GEMM, MatMul(DequantizeLinear(q_a),
+DequantizeLinear(W)) (and Gemm with alpha = beta = 1), before the weight's DequantizeLinear is
+folded into a float constant, and rewrites it into MatMulInteger(q_a, W, z_a) scaled by
+a_scale * w_scale (per tensor or per output column), which the lowering then takes as above.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+SHIFT = {TensorProto.UINT8: 128, TensorProto.INT8: 0}   # a8 = a - SHIFT[type of a]
+
+
+def column_sums(w: np.ndarray) -> np.ndarray:
+    """colsum(W)[n] = sum_k W[k, n], exactly, as int32 (|sum| <= 128 K)."""
+    return np.asarray(w, np.int64).sum(axis=0).astype(np.int32)
+
+
+def correction(w: np.ndarray, shift: int, zero_point: int) -> np.ndarray:
+    """(shift - z) * colsum(W): what the int8 product of the shifted activation lacks."""
+    return ((shift - int(zero_point)) * column_sums(w).astype(np.int64)).astype(np.int32)
+
+
+def int8_weight(lw, name: str, zp: str | None) -> np.ndarray | None:
+    """The constant int8 [K, N] weight `name` when its zero point is absent or all zero."""
+    w = lw.consts.get(name)
+    if w is None or w.dtype != np.int8 or w.ndim != 2:
+        return None
+    if zp is not None and (zp not in lw.consts or np.any(lw.consts[zp] != 0)):
+        return None
+    return w
+
+
+def integer_product(lw, a: str, a_zp: str | None, w_name: str, w: np.ndarray) -> str | None:
+    """An int32 tensor equal to sum_k (a - a_zp) * W (ONNX MatMulInteger), through an int8 x int8
+    MatMulInteger without zero points; None where `a` is not an 8-bit tensor with a scalar zero point."""
+    atype = lw.types.get(a)
+    if atype not in SHIFT or a not in lw.ranks or lw.ranks[a] < 2:
+        return None
+    shift = SHIFT[atype]
+    a8 = a
+    if shift:
+        shifted = lw.op("Sub", [lw.to_float(a), lw.const(float(shift))])
+        a8 = lw.op("Cast", [shifted], to=TensorProto.INT8)
+    acc = lw.op("MatMulInteger", [a8, w_name])
+    if a_zp is None or a_zp in lw.consts:
+        z = int(np.asarray(lw.consts[a_zp]).reshape(-1)[0]) if a_zp else 0
+        fix = correction(w, shift, z)
+        return lw.op("Add", [acc, lw.const(fix, np.int32, "pf_q_colsum")]) if np.any(fix) else acc
+    z = lw.op("Cast", [a_zp], to=TensorProto.INT32)
+    step = lw.op("Sub", [lw.const(shift, np.int32, "pf_q_shift"), z])
+    return lw.op("Add", [acc, lw.op("Mul", [step, lw.const(column_sums(w), np.int32, "pf_q_colsum")])])
+
+
+# ---- QDQ MatMul / Gemm -> MatMulInteger, before the weight's DequantizeLinear is folded ----
+
+def fuse_qdq_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    """MatMul / Gemm of two DequantizeLinear outputs, the second of a constant int8 weight with
+    zero point 0 -> MatMulInteger(q_a, W, z_a) * (a_scale * w_scale) (+ C) (in place; returned)."""
+    g = model.graph
+    producers = {o: n for n in g.node for o in n.output}
+    if not any(n.op_type == "DequantizeLinear" for n in g.node):
+        return model
+    inits = {t.name: t for t in g.initializer}
+    types = _elem_types(model)
+    from powerfusion.names import fresh_name
+    taken = {n for node in g.node for n in list(node.input) + list(node.output)} | set(inits)
+    nodes, changed = [], False
+    for node in g.node:
+        new = _rewrite(node, producers, inits, types, lambda base: fresh_name(base, taken), g)
+        changed |= new is not None
+        nodes.extend([node] if new is None else new)
+    if changed:
+        del g.node[:]
+        g.node.extend(nodes)
+    return model
+
+
+def _elem_types(model) -> dict:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    return types
+
+
+def _attr(node, name, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _dq_parts(name, producers, inits):
+    """(x, scale, zp, axis) of a plain DequantizeLinear producing `name`, else None."""
+    dq = producers.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or _attr(dq, "block_size", 0):
+        return None
+    ins = list(dq.input) + ["", ""]
+    return ins[0], ins[1], ins[2] or None, _attr(dq, "axis", 1)
+
+
+def _const(inits, name):
+    return numpy_helper.to_array(inits[name]) if name in inits else None
+
+
+def _rewrite(node, producers, inits, types, fresh, g):
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    trans_b = node.op_type == "Gemm" and bool(_attr(node, "transB", 0))
+    if node.op_type == "Gemm" and (_attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0
+                                   or (len(node.input) > 2 and node.input[2] and _attr(node, "beta", 1.0) != 1.0)):
+        return None
+    pa, pw = _dq_parts(node.input[0], producers, inits), _dq_parts(node.input[1], producers, inits)
+    if pa is None or pw is None or pa[0] in inits or types.get(pa[0]) not in SHIFT:
+        return None
+    a_scale, a_zp = _const(inits, pa[1]), _const(inits, pa[2]) if pa[2] else None
+    w, w_scale = _const(inits, pw[0]), _const(inits, pw[1])
+    if a_scale is None or a_scale.size != 1 or (pa[2] and (a_zp is None or a_zp.size != 1)):
+        return None
+    if w is None or w.dtype != np.int8 or w.ndim != 2 or w_scale is None:
+        return None
+    if pw[2] and (_const(inits, pw[2]) is None or np.any(_const(inits, pw[2]) != 0)):
+        return None
+    n_axis = 0 if trans_b else 1
+    if w_scale.size != 1 and (w_scale.ndim != 1 or pw[3] % 2 != n_axis or w_scale.size != w.shape[n_axis]):
+        return None
+    w_name = pw[0]
+    if trans_b:
+        w_name = fresh("pf_q_weight_t")
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), w_name))
+    scale_name = fresh("pf_q_scale")
+    scale = (a_scale.astype(np.float32).reshape(()) * w_scale.astype(np.float32).reshape(-1)).astype(np.float32)
+    g.initializer.append(numpy_helper.from_array(scale if scale.size > 1 else scale.reshape(()), scale_name))
+    acc, accf = fresh("pf_q_acc"), fresh("pf_q_accf")
+    ins = [pa[0], w_name] + ([pa[2]] if pa[2] else [])
+    out = [helper.make_node("MatMulInteger", ins, [acc], name=fresh(f"{node.name or 'matmul'}_int8")),
+           helper.make_node("Cast", [acc], [accf], to=TensorProto.FLOAT, name=fresh("pf_q_cast"))]
+    has_c = node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]
+    y = fresh("pf_q_scaled") if has_c else node.output[0]
+    out.append(helper.make_node("Mul", [accf, scale_name], [y], name=fresh("pf_q_mul")))
+    if has_c:
+        out.append(helper.make_node("Add", [y, node.input[2]], [node.output[0]], name=fresh("pf_q_add")))
+    return out

@@ -1,0 +1,90 @@
+"""Integer GEMMs of quantised MatMuls: the zero-point algebra (exact, int64 reference), which
+models take the int8 x int8 -> int32 path, and that they still match onnxruntime (tolerances as
+in test_qdq.py: QDQ one output step, dynamic relative 1e-5)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from powerfusion.backends.cuda.int8_gemm import imma_blocker
+from powerfusion.basic import MatMul
+from powerfusion.frontend import import_model
+from powerfusion.precision.integer_gemm import column_sums, correction
+from powerfusion.session import InferenceSession
+
+from .helpers import mlp, ort_run, rel_error
+from .test_qdq import _ort_quantize, _output_step, _Stack
+
+pytest.importorskip("onnxruntime.quantization")
+
+
+@pytest.mark.parametrize("atype,shift", [(np.uint8, 128), (np.int8, 0)])
+def test_zero_point_algebra_is_exact(atype, shift):
+    rng = np.random.default_rng(0)
+    info = np.iinfo(atype)
+    a = rng.integers(info.min, info.max + 1, (7, 300), dtype=np.int64)
+    w = rng.integers(-128, 128, (300, 33), dtype=np.int64).astype(np.int8)
+    for z in (info.min, 0 if atype == np.int8 else 3, info.max):
+        a8 = (a - shift).astype(np.int8)          # what the shifting kernel writes
+        ours = a8.astype(np.int64) @ w.astype(np.int64) + correction(w, shift, z)
+        np.testing.assert_array_equal(ours, (a - z) @ w.astype(np.int64))
+    assert column_sums(np.full((4096, 2), -128, np.int8)).tolist() == [-128 * 4096] * 2
+
+
+def test_imma_blocker_names_the_dimension():
+    assert imma_blocker(128, 768, 768, False, False) is None
+    assert imma_blocker(3, 8, 8, False, False) is None          # M is free
+    assert "K=30" in imma_blocker(16, 64, 30, False, False)
+    assert "ldc=10" in imma_blocker(16, 10, 64, False, False)
+    assert "lda=6" in imma_blocker(6, 8, 8, True, False)
+
+
+def _int8_matmuls(model) -> list:
+    g = import_model(model)
+    return [n for n in g.nodes if isinstance(n.op, MatMul) and g.tensors[n.inputs[0]].dtype == np.int8]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_static_qdq_matmul_runs_as_int8_gemm(per_channel):
+    xs = np.random.default_rng(3).standard_normal((24, 16, 64)).astype(np.float32)
+    q = _ort_quantize(mlp(k=64, m=16), True, "QDQ", per_channel, reader=_Stack(xs))
+    assert len(_int8_matmuls(q)) == 2
+    ours = InferenceSession(q).run(None, {"x": xs[0]})[0]
+    ref = ort_run(q, {"x": xs[0]}, optimize=False)[0]
+    assert np.abs(ours - ref).max() <= _output_step(q) * 1.001
+
+
+def test_dynamic_matmul_integer_runs_as_int8_gemm():
+    """uint8 activations with a run-time zero point: the correction term is computed at run time."""
+    q = _ort_quantize(mlp(k=64, m=16), False)
+    assert len(_int8_matmuls(q)) == 2
+    x = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    assert rel_error(InferenceSession(q).run(None, {"x": x})[0], ort_run(q, {"x": x})[0]) < 1e-5
+
+
+def _matmul_integer_model(w: np.ndarray, w_zp) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(5, np.uint8), "az")]
+    ins = ["a", "w", "az"]
+    if w_zp is not None:
+        inits.append(numpy_helper.from_array(np.array(w_zp, w.dtype), "wz"))
+        ins.append("wz")
+    node = helper.make_node("MatMulInteger", ins, ["y"])
+    g = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, [8, w.shape[0]])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [8, w.shape[1]])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("wdtype,w_zp,int8_path", [(np.int8, None, True), (np.int8, 0, True),
+                                                    (np.int8, 3, False), (np.uint8, 128, False)])
+def test_matmul_integer_exact_on_either_path(wdtype, w_zp, int8_path):
+    """Only a constant int8 weight with zero point 0 takes the integer GEMM; every form is exact."""
+    rng = np.random.default_rng(2)
+    info = np.iinfo(wdtype)
+    w = rng.integers(info.min, info.max + 1, (32, 24)).astype(wdtype)
+    model = _matmul_integer_model(w, w_zp)
+    assert bool(_int8_matmuls(model)) == int8_path
+    a = rng.integers(0, 256, (8, 32)).astype(np.uint8)
+    ref = (a.astype(np.int64) - 5) @ (w.astype(np.int64) - (w_zp or 0))
+    np.testing.assert_array_equal(InferenceSession(model).run(None, {"a": a})[0], ref)
