@@ -121,8 +121,9 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
     rows, ref = [], None
     for kind in kinds:
         try:
-            m = _model_for(kind, model, recipe)
-            precision = kind if kind in ("fp16", "bf16") else "fp32"
+            m = _model_for(kind.split("+")[0], model, recipe)
+            # "int8-static+fp16": the int8 model with AMP fp16 on its float parts
+            precision = kind if kind in ("fp16", "bf16") else kind.split("+")[1] if "+" in kind else "fp32"
             sess = InferenceSession(m, target="cuda", options={"cuda_graph": True, "precision": precision})
             out = np.asarray(sess.run(None, feeds)[0], np.float64)
             ref = out if ref is None else ref
@@ -170,7 +171,9 @@ def summary(rows: list[dict]) -> dict:
             "amp_bf16_over_our_fp32": geo("powerfusion bf16", "powerfusion fp32"),
             "amp_fp16_over_torch_compile_fp16": geo("powerfusion fp16", "torch.compile fp16"),
             "int8_static_over_our_fp16": geo("powerfusion int8-static", "powerfusion fp16"),
-            "int8_dynamic_over_our_fp16": geo("powerfusion int8-dynamic", "powerfusion fp16")}
+            "int8_dynamic_over_our_fp16": geo("powerfusion int8-dynamic", "powerfusion fp16"),
+            "int8_static_amp_fp16_over_our_fp16": geo("powerfusion int8-static+fp16", "powerfusion fp16"),
+            "int8_dynamic_amp_fp16_over_our_fp16": geo("powerfusion int8-dynamic+fp16", "powerfusion fp16")}
 
 
 def main(argv=None) -> int:

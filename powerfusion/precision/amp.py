@@ -77,7 +77,12 @@ def convert_precision(model: onnx.ModelProto, config: AmpConfig | str = "float16
     if config.dtype not in LOW_TYPES:
         raise PowerFusionError(f"AMP converts to float16 or bfloat16, not {config.dtype!r}")
     report = report if report is not None else AmpReport()
-    model = onnx.shape_inference.infer_shapes(onnx.ModelProto.FromString(model.SerializeToString()))
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    # quantised MatMuls of a QDQ model first become integer GEMMs (MatMulInteger), which AMP
+    # leaves alone; otherwise their float MatMul would be cast to 16 bits between the two
+    # DequantizeLinear and the MatMul, and the int8 weight would run as a float GEMM
+    from powerfusion.precision.integer_gemm import fuse_qdq_matmul
+    model = onnx.shape_inference.infer_shapes(fuse_qdq_matmul(model))
     rw = _Rewriter(model, config, report)
     rw.run()
     report.casts_eliminated = eliminate_casts(model)
