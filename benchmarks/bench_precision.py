@@ -6,14 +6,15 @@ torch.compile of the same module in fp32, fp16 (`.half()`) and bf16.
 Models: the committed small CNNs whose torch recipes need only torch (bench_models.CNNS), and
 `bert_base_like`: BERT-base's layer (hidden 768, 12 heads, FFN 3072, sequence 128, batch 1)
 with `--bert-layers` layers (default 4, so one device call holds its export, quantisation and
-compiles; per-layer time is what the comparison needs), exported on the spot (transformers).
+compiles; per-layer time is what the comparison needs), and `resnet50_like` (ResNet-50 with
+`--resnet-blocks` bottlenecks per stage), both built in plain torch and exported on the spot.
 Per model and implementation: device time of a captured run (ours: one CUDA-graph replay of the
 session's captured pieces between events, median of 30; torch: harness.time_torch), and
 `max_rel_error_vs_fp32`: max |out - our fp32 out| / max |our fp32 out|.
 INT8 static: calibration data are 16 seeded random input sets (models.export.sample_inputs),
 minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Quantised MatMuls with
 int8 weights run as int8 x int8 -> int32 cuBLAS GEMMs (IMMA; `int8_gemms` counts the steps per
-route); quantised convs still run as float32 convolutions of the shifted integers (qdq.py).
+route), quantised 2-D convs as im2col + the same int8 GEMM.
 Writes <out>/precision.{json,md} (default benchmarks/results).
 """
 from __future__ import annotations
@@ -61,6 +62,20 @@ def bert_base_like(layers: int):
     return recipe, onnx.load_from_string(buf.getvalue())
 
 
+def resnet50_like(blocks: tuple[int, ...]):
+    """(recipe, ONNX model): ResNet-50 (width 64, 224x224, 1000 classes) with `blocks`
+    bottlenecks per stage ((3, 4, 6, 3) is ResNet-50 itself), exported here (models/resnet.py)."""
+    from models import resnet
+    from models.export import export
+    full = resnet.FULL
+    try:
+        resnet.FULL = dict(full, blocks=tuple(blocks))
+        recipe = resnet.resnet_recipe(small=False)
+    finally:
+        resnet.FULL = full
+    return recipe, export(recipe).model
+
+
 def _encoder_layer_class():
     import torch
 
@@ -106,7 +121,8 @@ def _model_for(kind: str, model, recipe):
     return model
 
 
-def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_layers: int = 4) -> list[dict]:
+def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_layers: int = 4,
+          resnet_blocks=(3, 4, 6, 3)) -> list[dict]:
     import onnx
     import torch
     from harness import time_torch
@@ -114,6 +130,8 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
     from powerfusion import InferenceSession
     if name == "bert_base_like":
         recipe, model = bert_base_like(bert_layers)
+    elif name == "resnet50_like":
+        recipe, model = resnet50_like(resnet_blocks)
     else:
         recipe = getattr(importlib.import_module(f"models.{CNNS[name]}"), f"{CNNS[name]}_recipe")(small=True)
         model = onnx.load(ROOT / "models" / "small" / f"{name}.onnx")
@@ -184,13 +202,16 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default=",".join(OURS), help="our precisions to run (comma-separated)")
     ap.add_argument("--torch-kinds", default="fp32,fp16,bf16", help="torch.compile dtypes to run")
     ap.add_argument("--bert-layers", type=int, default=4)
+    ap.add_argument("--resnet-blocks", default="3,4,6,3", help="bottlenecks per stage of resnet50_like")
     args = ap.parse_args(argv)
     rows = []
     kinds, torch_kinds = tuple(args.kinds.split(",")), tuple(args.torch_kinds.split(","))
-    for name in ("bert_base_like", *CNNS):
+    blocks = tuple(int(b) for b in args.resnet_blocks.split(","))
+    for name in ("bert_base_like", "resnet50_like", *CNNS):
         if any(part in name for part in args.only.split(",")):
-            rows += bench(name, kinds, torch_kinds, args.bert_layers)
-    meta = run_metadata(suite="precision", geomean=summary(rows), bert_layers=args.bert_layers)
+            rows += bench(name, kinds, torch_kinds, args.bert_layers, blocks)
+    meta = run_metadata(suite="precision", geomean=summary(rows), bert_layers=args.bert_layers,
+                        resnet_blocks=list(blocks))
     print(meta["geomean"])
     for r in rows:
         r.setdefault("dtype", r["impl"].split()[-1])

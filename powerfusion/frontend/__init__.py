@@ -19,7 +19,7 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None, fallba
     from powerfusion.frontend.quantized import fuse_dequantize_matmul
     sources: list[str] = []
     proto = load_model(model, shapes, sources=sources)
-    proto = _fuse_qdq_matmul(proto)        # int8 x int8 GEMMs, before the next takes their weights
+    proto = _fuse_qdq_integer(proto)        # int8 x int8 GEMMs, before the next takes their weights
     proto = fuse_dequantize_matmul(proto)  # before folding would make the weight float
     proto = _lower_quantized(proto)        # QDQ / QLinear* / *Integer -> standard ops
     proto = expand_functions(proto, set(CONVERTERS))  # ops ONNX defines by a function body
@@ -30,10 +30,10 @@ def import_model(model, shapes: dict[str, tuple[int, ...]] | None = None, fallba
     return graph
 
 
-def _fuse_qdq_matmul(proto):
+def _fuse_qdq_integer(proto):
     """QDQ MatMul / Gemm with an int8 weight -> MatMulInteger (precision/integer_gemm.py)."""
-    from powerfusion.precision.integer_gemm import fuse_qdq_matmul
-    return fuse_qdq_matmul(proto)
+    from powerfusion.precision.integer_gemm import fuse_qdq_integer
+    return fuse_qdq_integer(proto)
 
 
 def _lower_quantized(proto):

@@ -292,7 +292,16 @@ def window_geometry(cx: NodeCtx, spatial, kernel, strides, dilations, ceil_mode=
     return tuple(begins), tuple(ends), tuple(outs)
 
 
-def convert_conv(cx: NodeCtx):
+def convert_conv_integer(cx: NodeCtx):
+    """ConvInteger of two int8 operands without zero points (as convert_matmul_integer): a Conv
+    with an int32 result; padding is with zeros."""
+    if any(cx.has(i) for i in (2, 3)) or cx.dtype(0) != np.int8 or cx.dtype(1) != np.int8:
+        cx.fail("only int8 x int8 without zero points is converted directly "
+                f"(got {cx.dtype(0)} x {cx.dtype(1)}{' with zero points' if cx.has(2) or cx.has(3) else ''})")
+    convert_conv(cx, np.int32)
+
+
+def convert_conv(cx: NodeCtx, dtype=None):
     xs, ws = cx.shape(0), cx.shape(1)
     nsp = len(xs) - 2
     group = int(cx.attr("group", 1))
@@ -303,7 +312,7 @@ def convert_conv(cx: NodeCtx):
         cx.fail(f"input channels {xs[1]} / weight {ws} do not match group={group}")
     begins, ends, outs = window_geometry(cx, xs[2:], kernel, strides, dil)
     inputs = [cx.inp(0), cx.inp(1)] + ([cx.inp(2)] if cx.has(2) else [])
-    cx.emit(Conv(strides, begins, ends, dil, group), inputs, (xs[0], ws[0]) + outs, cx.dtype(0), out=cx.out())
+    cx.emit(Conv(strides, begins, ends, dil, group), inputs, (xs[0], ws[0]) + outs, dtype or cx.dtype(0), out=cx.out())
 
 
 # ---- pooling ----------------------------------------------------------------------------
@@ -416,7 +425,7 @@ CONVERTERS = {op: convert_reduce for op in REDUCE}
 CONVERTERS.update({
     "Softmax": convert_softmax, "LogSoftmax": convert_log_softmax, "LayerNormalization": convert_layer_norm,
     "InstanceNormalization": convert_instance_norm, "BatchNormalization": convert_batch_norm, "LRN": convert_lrn,
-    "MatMul": convert_matmul, "MatMulInteger": convert_matmul_integer, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
+    "MatMul": convert_matmul, "MatMulInteger": convert_matmul_integer, "ConvInteger": convert_conv_integer, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
     "AveragePool": convert_avgpool, "LpPool": convert_lp_pool, "LpNormalization": convert_lp_normalization, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
 })
 CHECKS = {"BatchNormalization": batch_norm_unsupported, "MaxPool": maxpool_unsupported}

@@ -81,8 +81,8 @@ def convert_precision(model: onnx.ModelProto, config: AmpConfig | str = "float16
     # quantised MatMuls of a QDQ model first become integer GEMMs (MatMulInteger), which AMP
     # leaves alone; otherwise their float MatMul would be cast to 16 bits between the two
     # DequantizeLinear and the MatMul, and the int8 weight would run as a float GEMM
-    from powerfusion.precision.integer_gemm import fuse_qdq_matmul
-    model = onnx.shape_inference.infer_shapes(fuse_qdq_matmul(model))
+    from powerfusion.precision.integer_gemm import fuse_qdq_integer
+    model = onnx.shape_inference.infer_shapes(fuse_qdq_integer(model))
     rw = _Rewriter(model, config, report)
     rw.run()
     report.casts_eliminated = eliminate_casts(model)

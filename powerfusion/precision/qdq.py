@@ -11,9 +11,9 @@ ONNX definitions and onnxruntime's CPU kernels:
     QLinear*(..)  = saturate(round_half_even(acc * (a_scale * b_scale / y_scale)) + y_zero_point),
                     acc = sum((a - a_zero_point) * (b - b_zero_point)) (+ bias)
 
-MatMulInteger and QLinearMatMul (and QDQ MatMuls, rewritten into MatMulInteger by
-integer_gemm.fuse_qdq_matmul) with a constant int8 weight of zero point 0 accumulate in an
-int8 x int8 -> int32 GEMM with the zero points folded out (integer_gemm.py): integer tensor
+MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv (and QDQ MatMuls / Convs, rewritten
+into the *Integer ops by integer_gemm.fuse_qdq_integer) with a constant int8 weight of zero
+point 0 (2-D convolutions of one group) accumulate in an int8 x int8 -> int32 GEMM / convolution with the zero points folded out (integer_gemm.py): integer tensor
 cores on CUDA. The other accumulations run as a float32 MatMul / Conv of the zero-point-shifted integers: exact
 while |acc| < 2**24 (int8 x int8 products of at most 2**15, so any K below 512, and in practice
 far beyond, as products of both signs cancel); larger sums may round the last bit, which moves
@@ -232,10 +232,22 @@ def lower_conv_integer(lw: _Lowering, node):
     if lw.types.get(x) not in QUANT_TYPES or lw.types.get(w) not in QUANT_TYPES or not _scalar(lw, _zp(node, 2)) \
             or w not in lw.ranks:
         return None
+    acc = _integer_conv_acc(lw, x, _zp(node, 2), w, _zp(node, 3), node)
+    if acc is not None:
+        lw.op("Identity", [acc], node.output[0])
+        return lw.take()
     wf = _shifted(lw, w, _zp(node, 3), 0, lw.ranks[w])
     acc = lw.op("Conv", [_shifted(lw, x, _zp(node, 2)), wf], **_conv_attrs(node))
     lw.op("Cast", [acc], node.output[0], to=TensorProto.INT32)
     return lw.take()
+
+
+def _integer_conv_acc(lw: _Lowering, x: str, x_zp: str | None, w: str, w_zp: str | None, node) -> str | None:
+    """The int32 accumulator through an int8 x int8 integer convolution (integer_gemm.py) where W
+    is a constant int8 weight with zero point 0; None otherwise (the float lowering applies)."""
+    from powerfusion.precision.integer_gemm import int8_conv_weight, integer_conv
+    wc = int8_conv_weight(lw, w, w_zp)
+    return None if wc is None else integer_conv(lw, x, x_zp, w, wc, _conv_attrs(node))
 
 
 def lower_qlinear_conv(lw: _Lowering, node):
@@ -245,10 +257,17 @@ def lower_qlinear_conv(lw: _Lowering, node):
             or not _scalar(lw, _zp(node, 2)) or w not in lw.ranks:
         return None
     rank = lw.ranks[w]
-    ins = [_shifted(lw, x, _zp(node, 2)), _shifted(lw, w, _zp(node, 5), 0, rank)]
-    if len(node.input) > 8 and node.input[8]:
-        ins.append(lw.to_float(node.input[8]))
-    acc = lw.op("Conv", ins, **_conv_attrs(node))
+    has_bias = len(node.input) > 8 and node.input[8]
+    acc = _integer_conv_acc(lw, x, _zp(node, 2), w, _zp(node, 5), node)
+    if acc is not None:
+        acc = lw.to_float(acc)
+        if has_bias:
+            acc = lw.op("Add", [acc, lw.per_axis(lw.to_float(node.input[8]), 1, rank)])
+    else:
+        ins = [_shifted(lw, x, _zp(node, 2)), _shifted(lw, w, _zp(node, 5), 0, rank)]
+        if has_bias:
+            ins.append(lw.to_float(node.input[8]))
+        acc = lw.op("Conv", ins, **_conv_attrs(node))
     mult = lw.op("Div", [lw.op("Mul", [node.input[1], lw.per_axis(node.input[4], 1, rank)]), node.input[6]])
     _saturate(lw, lw.op("Mul", [acc, mult]), _zp(node, 7), qtype, node.output[0])
     return lw.take()

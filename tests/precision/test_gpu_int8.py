@@ -66,3 +66,36 @@ def test_static_qdq_mlp_on_cuda(m):
     sess = InferenceSession(q, target="cuda", options={"cuda_graph": True})
     ours = sess.run(None, {"x": xs[0]})[0]
     assert np.abs(ours - ort_run(q, {"x": xs[0]}, optimize=False)[0]).max() <= _output_step(q) * 1.001
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,pads", [
+    ((1, 3, 32, 32), (8, 3, 7, 7), 2, (3, 3, 3, 3)),      # K = 147: padded to 148
+    ((2, 16, 7, 7), (32, 16, 3, 3), 1, (1, 1, 1, 1)),     # 49 output positions: padded to 52
+    ((1, 64, 14, 14), (128, 64, 1, 1), 2, (0, 0, 0, 0)),  # strided 1x1 (a ResNet downsample)
+])
+def test_int8_conv_is_exact(x_shape, w_shape, stride, pads):
+    import cupy
+    from powerfusion.backends.cuda.blas import Blas
+    from powerfusion.backends.cuda.int8_gemm import Int8Conv, Int8Gemm
+    from .test_integer_gemm import _reference_conv
+    rng = np.random.default_rng(5)
+    x, w = _int8(rng, x_shape), _int8(rng, w_shape)
+    ref = _reference_conv(x, w, (pads[0], pads[1], pads[2], pads[3]), stride, 0)
+    blas = Blas()
+    blas.bind(cupy.cuda.get_current_stream())
+    gemm = Int8Gemm(blas)
+    out = cupy.zeros(ref.shape, cupy.int32)
+    assert Int8Conv(gemm).conv_into("c", cupy.asarray(x), cupy.asarray(w), out, strides=(stride, stride),
+                                    pads=pads, dilations=(1, 1), group=1)
+    np.testing.assert_array_equal(out.get(), ref)
+    assert gemm.routes["c"] == "imma", gemm.routes
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_dynamic_quantized_cnn_on_cuda(graph):
+    """ConvInteger with uint8 activations and a run-time zero point, padded convolutions."""
+    from .helpers import digits, digits_data
+    q = _ort_quantize(digits("digits_cnn"), False)
+    x = digits_data()["x_test"][:8]
+    sess = InferenceSession(q, target="cuda", shapes={"image": x.shape}, options={"cuda_graph": graph})
+    assert rel_error(sess.run(None, {"image": x})[0], ort_run(q, {"image": x})[0]) < 1e-5

@@ -88,3 +88,49 @@ def test_matmul_integer_exact_on_either_path(wdtype, w_zp, int8_path):
     a = rng.integers(0, 256, (8, 32)).astype(np.uint8)
     ref = (a.astype(np.int64) - 5) @ (w.astype(np.int64) - (w_zp or 0))
     np.testing.assert_array_equal(InferenceSession(model).run(None, {"a": a})[0], ref)
+
+
+def _int8_convs(model, shapes=None) -> list:
+    from powerfusion.basic import Conv
+    g = import_model(model, shapes)
+    return [n for n in g.nodes if isinstance(n.op, Conv) and g.tensors[n.inputs[0]].dtype == np.int8]
+
+
+def _reference_conv(x, w, pads, stride, zp):
+    """ConvInteger by definition: (x - zp) zero-padded, correlated with w, in int64."""
+    xp = np.pad(x.astype(np.int64) - zp, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    m, _, kh, kw = w.shape
+    oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
+    out = np.zeros((x.shape[0], m, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j].astype(np.int64))
+    return out
+
+
+@pytest.mark.parametrize("xdtype,zp", [(np.uint8, 7), (np.int8, -3), (np.uint8, None)])
+def test_conv_integer_with_padding_is_exact(xdtype, zp):
+    """Padding must contribute (zp - zp) = 0: x is padded with its zero point before the shift."""
+    rng = np.random.default_rng(4)
+    info = np.iinfo(xdtype)
+    x = rng.integers(info.min, info.max + 1, (2, 5, 9, 9)).astype(xdtype)
+    w = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
+    pads, ttype = [1, 2, 1, 0], TensorProto.UINT8 if xdtype == np.uint8 else TensorProto.INT8
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(np.array(zp, xdtype), "xz")] if zp is not None else [])
+    node = helper.make_node("ConvInteger", ["x", "w"] + (["xz"] if zp is not None else []), ["y"], pads=pads, strides=[2, 2])
+    ref = _reference_conv(x, w, pads, 2, zp or 0)
+    g = helper.make_graph([node], "ci", [helper.make_tensor_value_info("x", ttype, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, list(ref.shape))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert len(_int8_convs(model)) == 1
+    np.testing.assert_array_equal(InferenceSession(model).run(None, {"x": x})[0], ref)
+
+
+def test_static_qdq_cnn_runs_int8_convs():
+    from .helpers import digits, digits_data
+    q = _ort_quantize(digits("digits_cnn"), True, "QDQ", True)
+    x = digits_data()["x_test"][:16]
+    assert len(_int8_convs(q, {"image": x.shape})) >= 1
+    ours = InferenceSession(q, shapes={"image": x.shape}).run(None, {"image": x})[0]
+    assert np.abs(ours - ort_run(q, {"image": x}, optimize=False)[0]).max() <= _output_step(q) * 1.001

@@ -16,6 +16,7 @@ memory-bound kernels instead, where it fuses with the neighbouring elementwise o
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -108,3 +109,93 @@ class Int8Gemm:
         cupy.rint(c64, out=c64)
         out[...] = c64
         return True
+
+
+# ---- int8 convolution: im2col into 4-aligned columns, then the GEMM above ------------------
+
+_IM2COL_INT8 = r"""
+// cols[n, k, p] (row stride ldp, k = (c*KH + kh)*KW + kw, p = oh*OW + ow) = x[n, c, ih, iw] or 0
+extern "C" __global__ void pf_im2col_i8(
+    const signed char* __restrict__ x, signed char* __restrict__ cols, long long total,
+    int C, int H, int W, int KH, int KW, int OH, int OW, int ldk, int ldp,
+    int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        long long t = i;
+        int ow = (int)(t % OW); t /= OW;
+        int oh = (int)(t % OH); t /= OH;
+        int kw = (int)(t % KW); t /= KW;
+        int kh = (int)(t % KH); t /= KH;
+        int c = (int)(t % C);   long long n = t / C;
+        int ih = oh * sh - ph + kh * dh, iw = ow * sw - pw + kw * dw;
+        signed char v = 0;
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+            v = x[((n * C + c) * H + ih) * W + iw];
+        cols[(n * ldk + (c * KH + kh) * KW + kw) * (long long)ldp + oh * OW + ow] = v;
+    }
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _im2col_kernel(device: int):
+    from powerfusion.backends.cuda.runtime import compile_source
+    return compile_source(_IM2COL_INT8, name="pf_im2col_i8", device=device).kernel("pf_im2col_i8")
+
+
+def _round4(v: int) -> int:
+    return -(-v // 4) * 4
+
+
+class Int8Conv:
+    """2-D int8 x int8 -> int32 convolutions of one group on the session's Int8Gemm: the columns
+    are written with K and the output positions padded to multiples of 4 (zeros that are never
+    overwritten), so IMMA applies to every shape; the weight is copied into a K-padded buffer
+    each run (M x K bytes) and the padded output copied into the step's buffer."""
+
+    def __init__(self, gemm: Int8Gemm):
+        self.gemm = gemm
+        self._bufs: dict[str, tuple] = {}    # step name -> (cols, padded weight, padded output)
+
+    def conv_into(self, name: str, x, w, out, *, strides, pads, dilations, group: int) -> bool:
+        """out = conv(x, w) (int32, exact, zero padding); False where this path does not apply."""
+        if x.dtype != np.int8 or w.dtype != np.int8 or out.dtype != np.int32 or x.ndim != 4 or w.ndim != 4:
+            return False
+        if group != 1 or not (x.flags.c_contiguous and w.flags.c_contiguous and out.flags.c_contiguous):
+            return False
+        n, c, h, wd = x.shape
+        m, cw, kh, kw = w.shape
+        (sh, sw), (ph0, pw0, ph1, pw1), (dh, dw) = strides or (1, 1), pads or (0, 0, 0, 0), dilations or (1, 1)
+        oh = (h + ph0 + ph1 - dh * (kh - 1) - 1) // sh + 1
+        ow = (wd + pw0 + pw1 - dw * (kw - 1) - 1) // sw + 1
+        if cw != c or oh <= 0 or ow <= 0 or out.shape != (n, m, oh, ow):
+            return False
+        k, p = c * kh * kw, oh * ow
+        cols, wp, op = self._buffers(name, n, m, k, p)
+        wp[:, :k] = w.reshape(m, k)
+        self._im2col(x, cols, (c, h, wd, kh, kw, oh, ow), (sh, sw, ph0, pw0, dh, dw))
+        target = out.reshape(n, m, p) if op is None else op
+        if not self.gemm.gemm_into(name, wp[None], cols, target):
+            return False
+        if op is not None:
+            out.reshape(n, m, p)[...] = op[:, :, :p]
+        return True
+
+    def _buffers(self, name, n, m, k, p):
+        import cupy
+        if name not in self._bufs:    # the first (eager) run allocates; captured runs reuse
+            kp, pp = _round4(k), _round4(p)
+            self._bufs[name] = (cupy.zeros((n, kp, pp), cupy.int8), cupy.zeros((m, kp), cupy.int8),
+                                None if pp == p else cupy.zeros((n, m, pp), cupy.int32))
+        return self._bufs[name]
+
+    def _im2col(self, x, cols, dims, geometry) -> None:
+        from powerfusion.backends.cuda.runtime import device_info
+        kernel = _im2col_kernel(x.device.id)
+        c, h, wd, kh, kw, oh, ow = dims
+        total = x.shape[0] * c * kh * kw * oh * ow
+        threads = 256
+        blocks = max(1, min(-(-total // threads), device_info(x.device.id).sm_count * 32))
+        kernel.launch((blocks,), (threads,), (x, cols, np.int64(total), *(np.int32(v) for v in (
+            c, h, wd, kh, kw, oh, ow, cols.shape[1], cols.shape[2], *geometry))))

@@ -177,7 +177,7 @@ class CudaPlanRunner:
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
         from powerfusion.backends.cuda import blas, int8_gemm, library
-        int8 = isinstance(node.op, MatMul) and int8_gemm.is_int8_gemm(ins[0], ins[1], out)
+        int8 = isinstance(node.op, (MatMul, Conv)) and int8_gemm.is_int8_gemm(ins[0], ins[1], out)
         conv = None if int8 else self.convs.get(node.name)
         if conv is not None:   # cuDNN, chosen when the runner was built
             conv.bind(cupy.cuda.get_current_stream().ptr)
@@ -205,19 +205,28 @@ class CudaPlanRunner:
         return False
 
     def _int8_into(self, node, ins, out) -> bool:
-        """int8 x int8 -> int32 MatMul on integer tensor cores (int8_gemm.py); cupy.matmul would
-        accumulate in int8, so a shape that path cannot take is an error, not a fallback."""
-        from powerfusion.backends.cuda.int8_gemm import Int8Gemm
+        """int8 x int8 -> int32 MatMul / Conv on integer tensor cores (int8_gemm.py); cupy.matmul
+        would accumulate in int8, so operands that path cannot take are an error, not a fallback."""
+        from powerfusion.backends.cuda.int8_gemm import Int8Conv, Int8Gemm
         if self._int8 is None:
             self._int8 = Int8Gemm(self._blas)
-        if not self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b):
-            raise PowerFusionError(f"int8 MatMul '{node.name}' {ins[0].shape} x {ins[1].shape}: operands the "
-                                   "integer GEMM cannot take (non-contiguous or partially broadcast batch)")
+            self._int8_conv = Int8Conv(self._int8)
+        op = node.op
+        if isinstance(op, MatMul):
+            ok = self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=op.trans_a, trans_b=op.trans_b)
+        else:
+            ok = len(ins) == 2 and self._int8_conv.conv_into(
+                node.name, ins[0], ins[1], out, strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
+                dilations=op.dilations, group=op.group)
+        if not ok:
+            raise PowerFusionError(f"int8 {type(op).__name__} '{node.name}' {ins[0].shape} x {ins[1].shape}: operands "
+                                   "the integer path cannot take (non-contiguous, partially broadcast, grouped, "
+                                   "biased or not 2-D)")
         return True
 
     @property
     def int8_routes(self) -> dict[str, str]:
-        """int8 MatMul step -> "imma" or "fallback float64: <why>" (after the first run)."""
+        """int8 MatMul / Conv step -> "imma" or "fallback float64: <why>" (after the first run)."""
         return {} if self._int8 is None else dict(self._int8.routes)
 
     def _captures(self, s) -> bool:
