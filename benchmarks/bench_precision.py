@@ -10,7 +10,8 @@ compiles; per-layer time is what the comparison needs), and `resnet50_like` (Res
 `--resnet-blocks` bottlenecks per stage), both built in plain torch and exported on the spot.
 Per model and implementation: device time of a captured run (ours: one CUDA-graph replay of the
 session's captured pieces between events, median of 30; torch: harness.time_torch), and
-`max_rel_error_vs_fp32`: max |out - our fp32 out| / max |our fp32 out|.
+`max_rel_error_vs_fp32`: max |out - our fp32 out| / max |our fp32 out| (`error_reference` names
+the row compared with: the first of `--kinds`, fp32 unless a run leaves it out).
 INT8 static: calibration data are 16 seeded random input sets (models.export.sample_inputs),
 minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Quantised MatMuls with
 int8 weights run as int8 x int8 -> int32 cuBLAS GEMMs (IMMA; `int8_gemms` counts the steps per
@@ -136,7 +137,7 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
         recipe = getattr(importlib.import_module(f"models.{CNNS[name]}"), f"{CNNS[name]}_recipe")(small=True)
         model = onnx.load(ROOT / "models" / "small" / f"{name}.onnx")
     feeds = sample_inputs(recipe.inputs, 0)
-    rows, ref = [], None
+    rows, ref, ref_kind = [], None, None
     for kind in kinds:
         try:
             m = _model_for(kind.split("+")[0], model, recipe)
@@ -144,9 +145,10 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
             precision = kind if kind in ("fp16", "bf16") else kind.split("+")[1] if "+" in kind else "fp32"
             sess = InferenceSession(m, target="cuda", options={"cuda_graph": True, "precision": precision})
             out = np.asarray(sess.run(None, feeds)[0], np.float64)
-            ref = out if ref is None else ref
+            ref, ref_kind = (out, kind) if ref is None else (ref, ref_kind)
             rows.append({"case": name, "impl": f"powerfusion {kind}", "device_time_s": _device_time(sess),
-                         "max_rel_error_vs_fp32": float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))})
+                         "max_rel_error_vs_fp32": float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)),
+                         "error_reference": f"powerfusion {ref_kind}"})
             if kind.startswith("int8"):
                 rows[-1]["int8_gemms"] = _int8_gemms(sess)
         except Exception:

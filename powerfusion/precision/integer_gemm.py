@@ -119,12 +119,15 @@ def _corrected(lw, acc: str, shift: int, zp: str | None, sums: np.ndarray) -> st
 # ---- QDQ MatMul / Gemm -> MatMulInteger, before the weight's DequantizeLinear is folded ----
 
 def fuse_qdq_integer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """MatMul / Gemm of two DequantizeLinear outputs, the second of a constant int8 weight with
-    zero point 0 -> MatMulInteger(q_a, W, z_a) * (a_scale * w_scale) (+ C) (in place; returned)."""
+    """MatMul / Gemm / Conv of two DequantizeLinear outputs, the second of a constant int8 weight
+    with zero point 0 -> MatMulInteger(q_a, W, z_a) * (a_scale * w_scale) (+ C), likewise
+    ConvInteger (in place; returned). Redundant Q/DQ pairs around moves go first (requantize.py)."""
     g = model.graph
-    producers = {o: n for n in g.node for o in n.output}
     if not any(n.op_type == "DequantizeLinear" for n in g.node):
         return model
+    from powerfusion.precision.requantize import drop_requantize_pairs
+    drop_requantize_pairs(model)    # first, so the rewrites below see the simplified graph
+    producers = {o: n for n in g.node for o in n.output}
     inits = {t.name: t for t in g.initializer}
     types = _elem_types(model)
     from powerfusion.names import fresh_name

@@ -14,6 +14,13 @@ from .test_qdq import _ort_quantize, _output_step, _Stack
 pytestmark = pytest.mark.gpu     # skipped without a GPU (tests/conftest.py)
 
 
+def _mlp(**kw):
+    """helpers.mlp at an IR version the onnxruntime of older installs still loads."""
+    model = mlp(**kw)
+    model.ir_version = 9
+    return model
+
+
 def _int8(rng, shape):
     return rng.integers(-128, 128, shape).astype(np.int8)
 
@@ -53,7 +60,7 @@ def test_int8_gemm_refuses_other_dtypes():
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_dynamic_quantized_mlp_on_cuda(graph):
-    q = _ort_quantize(mlp(k=64, m=16), False)
+    q = _ort_quantize(_mlp(k=64, m=16), False)
     x = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
     sess = InferenceSession(q, target="cuda", options={"cuda_graph": graph})
     assert rel_error(sess.run(None, {"x": x})[0], ort_run(q, {"x": x})[0]) < 1e-5
@@ -62,7 +69,7 @@ def test_dynamic_quantized_mlp_on_cuda(graph):
 @pytest.mark.parametrize("m", [4, 32])      # 4 rows: a GEMV in a generated kernel; 32: IMMA
 def test_static_qdq_mlp_on_cuda(m):
     xs = np.random.default_rng(3).standard_normal((24, m, 64)).astype(np.float32)
-    q = _ort_quantize(mlp(k=64, n=64, m=m), True, "QDQ", True, reader=_Stack(xs))
+    q = _ort_quantize(_mlp(k=64, n=64, m=m), True, "QDQ", True, reader=_Stack(xs))
     sess = InferenceSession(q, target="cuda", options={"cuda_graph": True})
     ours = sess.run(None, {"x": xs[0]})[0]
     assert np.abs(ours - ort_run(q, {"x": xs[0]}, optimize=False)[0]).max() <= _output_step(q) * 1.001

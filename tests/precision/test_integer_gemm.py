@@ -134,3 +134,35 @@ def test_static_qdq_cnn_runs_int8_convs():
     assert len(_int8_convs(q, {"image": x.shape})) >= 1
     ours = InferenceSession(q, shapes={"image": x.shape}).run(None, {"image": x})[0]
     assert np.abs(ours - ort_run(q, {"image": x}, optimize=False)[0]).max() <= _output_step(q) * 1.001
+
+
+def _requantize_chain(second_scale: float) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Reshape -> Q -> DQ -> Transpose -> y, the second pair at `second_scale`."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s1"),
+             numpy_helper.from_array(np.array(second_scale, np.float32), "s2"),
+             numpy_helper.from_array(np.array(3, np.int8), "z"),
+             numpy_helper.from_array(np.array([2, 12, 8], np.int64), "shape")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s1", "z"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s1", "z"], ["d1"]),
+             helper.make_node("Reshape", ["d1", "shape"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s2", "z"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z"], ["d2"]),
+             helper.make_node("Transpose", ["d2"], ["y"], perm=[0, 2, 1])]
+    g = helper.make_graph(nodes, "rq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 96])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 12])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("second_scale,dropped", [(0.05, True), (0.07, False)])
+def test_redundant_requantize_pairs_are_dropped_exactly(second_scale, dropped):
+    from powerfusion.precision.requantize import drop_requantize_pairs
+    model = _requantize_chain(second_scale)
+    x = (np.random.default_rng(6).standard_normal((2, 96)) * 4).astype(np.float32)   # saturates some
+    ref = ort_run(model, {"x": x}, optimize=False)[0]
+    simplified = drop_requantize_pairs(onnx.ModelProto.FromString(model.SerializeToString()))
+    quantizes = sum(n.op_type == "QuantizeLinear" for n in simplified.graph.node)
+    assert quantizes == (1 if dropped else 2)
+    np.testing.assert_array_equal(ort_run(simplified, {"x": x}, optimize=False)[0], ref)
+    np.testing.assert_array_equal(InferenceSession(model).run(None, {"x": x})[0], ref)
