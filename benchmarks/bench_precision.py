@@ -212,8 +212,10 @@ def main(argv=None) -> int:
     for name in ("bert_base_like", "resnet50_like", *CNNS):
         if any(part in name for part in args.only.split(",")):
             rows += bench(name, kinds, torch_kinds, args.bert_layers, blocks)
-    meta = run_metadata(suite="precision", geomean=summary(rows), bert_layers=args.bert_layers,
-                        resnet_blocks=list(blocks))
+    shapes = {"bert_layers": args.bert_layers} if any(r["case"] == "bert_base_like" for r in rows) else {}
+    if any(r["case"] == "resnet50_like" for r in rows):
+        shapes["resnet_blocks"] = list(blocks)
+    meta = run_metadata(suite="precision", geomean=summary(rows), **shapes)
     print(meta["geomean"])
     for r in rows:
         r.setdefault("dtype", r["impl"].split()[-1])

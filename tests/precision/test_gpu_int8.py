@@ -48,6 +48,10 @@ def test_int8_gemm_is_exact(a_shape, b_shape, trans_b, route):
     assert gemm.gemm_into("g", cupy.asarray(a), cupy.asarray(b), out, trans_b=trans_b)
     np.testing.assert_array_equal(out.get(), ref)
     assert gemm.routes["g"].startswith(route), gemm.routes
+    # a constant weight: a [K, N] one is transposed once and multiplied in the TN layout
+    out[...] = 0
+    assert gemm.gemm_into("w", cupy.asarray(a), cupy.asarray(b), out, trans_b=trans_b, b_constant=True)
+    np.testing.assert_array_equal(out.get(), ref)
 
 
 def test_int8_gemm_refuses_other_dtypes():

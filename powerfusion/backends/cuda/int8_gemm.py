@@ -5,7 +5,13 @@ Quantised MatMuls reach the session as MatMul steps with int8 operands and an in
 `cublasGemmStridedBatchedEx` with CUDA_R_8I inputs, a CUDA_R_32I output and CUBLAS_COMPUTE_32I,
 on the session's own cuBLAS handle (blas.Blas), so they are captured in its CUDA graph.
 
-cuBLAS's IMMA kernels need K and every leading dimension a multiple of 4 (4-byte rows of int8).
+cuBLAS's IMMA kernels need K and every leading dimension a multiple of 4 (4-byte rows of int8),
+and cuBLAS documents its int8 tensor-core path for the "TN" layout (column-major op(A) = A^T,
+op(B) = B): in our row-major terms, the weight transposed (trans_b). A constant weight given as
+[K, N] is therefore transposed once, at the first (eager) run, and multiplied as [N, K]; the
+convolution writes its columns as [positions, K] for the same reason. (The first measurement,
+with the weight as given, ran the int8 BERT layers 6x slower than fp16; the TN layout is the
+documented fix, not yet timed here.)
 Other shapes, and any call cuBLAS refuses, take the fallback: the operands widened to float64
 in buffers of ours (allocated at the first, eager run; kept per step) and a float64 cuBLAS GEMM,
 exact for any K below 2**37 / 128**2. `routes` says which path each step took and why.
@@ -44,12 +50,18 @@ class Int8Gemm:
         self.blas = blas
         self.routes: dict[str, str] = {}     # step name -> "imma" or "fallback float64: <why>"
         self._wide: dict[str, tuple] = {}    # step name -> its float64 buffers
+        self._weights: dict[str, tuple] = {}   # step name -> (pointer of the weight, its transpose)
 
-    def gemm_into(self, name: str, a, b, out, *, trans_a: bool = False, trans_b: bool = False) -> bool:
-        """out = op(a) @ op(b) (int32, exact), batched as blas.gemm_into; False where neither path applies."""
+    def gemm_into(self, name: str, a, b, out, *, trans_a: bool = False, trans_b: bool = False,
+                  b_constant: bool = False) -> bool:
+        """out = op(a) @ op(b) (int32, exact), batched as blas.gemm_into; False where neither path
+        applies. `b_constant`: b never changes (a model weight), so a [K, N] one is transposed
+        once and kept, and the GEMM runs in cuBLAS's int8 TN layout."""
         from powerfusion.backends.cuda.blas import _batch_stride
         if not is_int8_gemm(a, b, out) or a.ndim < 2 or b.ndim < 2:
             return False
+        if b_constant and not trans_b and b.ndim == 2 and b.flags.c_contiguous:
+            b, trans_b = self._transposed(name, b), True
         if not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
             return False
         m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
@@ -71,6 +83,14 @@ class Int8Gemm:
             self.blas._check(status, f"cublasGemmStridedBatchedEx (int8, {m}x{n}x{k})")
             return True
         return self._fallback(name, a, b, out, trans_a, trans_b)
+
+    def _transposed(self, name: str, b):
+        """b^T, contiguous, made at the first (eager) run and reused while b stays where it is."""
+        import cupy
+        kept = self._weights.get(name)
+        if kept is None or kept[0] != b.data.ptr:
+            kept = self._weights[name] = (b.data.ptr, cupy.ascontiguousarray(b.T))
+        return kept[1]
 
     def _first_route(self, a, b, out, m, n, k, trans_a, trans_b) -> str:
         """IMMA where the shape allows it and cuBLAS accepts the call (tried once, eagerly)."""
@@ -114,7 +134,7 @@ class Int8Gemm:
 # ---- int8 convolution: im2col into 4-aligned columns, then the GEMM above ------------------
 
 _IM2COL_INT8 = r"""
-// cols[n, k, p] (row stride ldp, k = (c*KH + kh)*KW + kw, p = oh*OW + ow) = x[n, c, ih, iw] or 0
+// cols[n, p, k] (ldp rows of ldk, k = (c*KH + kh)*KW + kw, p = oh*OW + ow) = x[n, c, ih, iw] or 0
 extern "C" __global__ void pf_im2col_i8(
     const signed char* __restrict__ x, signed char* __restrict__ cols, long long total,
     int C, int H, int W, int KH, int KW, int OH, int OW, int ldk, int ldp,
@@ -132,7 +152,7 @@ extern "C" __global__ void pf_im2col_i8(
         signed char v = 0;
         if (ih >= 0 && ih < H && iw >= 0 && iw < W)
             v = x[((n * C + c) * H + ih) * W + iw];
-        cols[(n * ldk + (c * KH + kh) * KW + kw) * (long long)ldp + oh * OW + ow] = v;
+        cols[(n * ldp + oh * OW + ow) * (long long)ldk + (c * KH + kh) * KW + kw] = v;
     }
 }
 """
@@ -150,9 +170,9 @@ def _round4(v: int) -> int:
 
 class Int8Conv:
     """2-D int8 x int8 -> int32 convolutions of one group on the session's Int8Gemm: the columns
-    are written with K and the output positions padded to multiples of 4 (zeros that are never
-    overwritten), so IMMA applies to every shape; the weight is copied into a K-padded buffer
-    each run (M x K bytes) and the padded output copied into the step's buffer."""
+    are written as [positions, K] (the TN layout), both padded to multiples of 4 (zeros that are
+    never overwritten), so IMMA applies to every shape; the weight is copied into a K-padded
+    buffer each run (M x K bytes) and the padded output copied into the step's buffer."""
 
     def __init__(self, gemm: Int8Gemm):
         self.gemm = gemm
@@ -176,7 +196,7 @@ class Int8Conv:
         wp[:, :k] = w.reshape(m, k)
         self._im2col(x, cols, (c, h, wd, kh, kw, oh, ow), (sh, sw, ph0, pw0, dh, dw))
         target = out.reshape(n, m, p) if op is None else op
-        if not self.gemm.gemm_into(name, wp[None], cols, target):
+        if not self.gemm.gemm_into(name, wp[None], cols, target, trans_b=True):
             return False
         if op is not None:
             out.reshape(n, m, p)[...] = op[:, :, :p]
@@ -186,7 +206,7 @@ class Int8Conv:
         import cupy
         if name not in self._bufs:    # the first (eager) run allocates; captured runs reuse
             kp, pp = _round4(k), _round4(p)
-            self._bufs[name] = (cupy.zeros((n, kp, pp), cupy.int8), cupy.zeros((m, kp), cupy.int8),
+            self._bufs[name] = (cupy.zeros((n, pp, kp), cupy.int8), cupy.zeros((m, kp), cupy.int8),
                                 None if pp == p else cupy.zeros((n, m, pp), cupy.int32))
         return self._bufs[name]
 
@@ -198,4 +218,4 @@ class Int8Conv:
         threads = 256
         blocks = max(1, min(-(-total // threads), device_info(x.device.id).sm_count * 32))
         kernel.launch((blocks,), (threads,), (x, cols, np.int64(total), *(np.int32(v) for v in (
-            c, h, wd, kh, kw, oh, ow, cols.shape[1], cols.shape[2], *geometry))))
+            c, h, wd, kh, kw, oh, ow, cols.shape[2], cols.shape[1], *geometry))))

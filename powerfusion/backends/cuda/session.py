@@ -213,7 +213,8 @@ class CudaPlanRunner:
             self._int8_conv = Int8Conv(self._int8)
         op = node.op
         if isinstance(op, MatMul):
-            ok = self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=op.trans_a, trans_b=op.trans_b)
+            ok = self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=op.trans_a, trans_b=op.trans_b,
+                                      b_constant=node.inputs[1] in self.constants)
         else:
             ok = len(ins) == 2 and self._int8_conv.conv_into(
                 node.name, ins[0], ins[1], out, strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
