@@ -5,13 +5,13 @@ Quantised MatMuls reach the session as MatMul steps with int8 operands and an in
 `cublasGemmStridedBatchedEx` with CUDA_R_8I inputs, a CUDA_R_32I output and CUBLAS_COMPUTE_32I,
 on the session's own cuBLAS handle (blas.Blas), so they are captured in its CUDA graph.
 
-cuBLAS's IMMA kernels need K and every leading dimension a multiple of 4 (4-byte rows of int8),
-and cuBLAS documents its int8 tensor-core path for the "TN" layout (column-major op(A) = A^T,
-op(B) = B): in our row-major terms, the weight transposed (trans_b). A constant weight given as
-[K, N] is therefore transposed once, at the first (eager) run, and multiplied as [N, K]; the
-convolution writes its columns as [positions, K] for the same reason. (The first measurement,
-with the weight as given, ran the int8 BERT layers 6x slower than fp16; the TN layout is the
-documented fix, not yet timed here.)
+cuBLAS's IMMA kernels need K and every leading dimension a multiple of 4 (4-byte rows of int8).
+Both operands are laid out with K contiguous, the "TN" layout (column-major op(A) = A^T,
+op(B) = B; in our row-major terms the weight transposed, trans_b) that cuBLASLt's low-precision
+tensor-core kernels are built around (its fp8 GEMMs accept nothing else): a constant weight
+given as [K, N] is transposed once, at the first (eager) run, and multiplied as [N, K]; the
+convolution writes its columns as [positions, K]. (Measured with the weight as given, the int8
+BERT layers ran 6x slower than fp16; whether the layout is the cause is not yet measured.)
 Other shapes, and any call cuBLAS refuses, take the fallback: the operands widened to float64
 in buffers of ours (allocated at the first, eager run; kept per step) and a float64 cuBLAS GEMM,
 exact for any K below 2**37 / 128**2. `routes` says which path each step took and why.
