@@ -425,7 +425,8 @@ CONVERTERS = {op: convert_reduce for op in REDUCE}
 CONVERTERS.update({
     "Softmax": convert_softmax, "LogSoftmax": convert_log_softmax, "LayerNormalization": convert_layer_norm,
     "InstanceNormalization": convert_instance_norm, "BatchNormalization": convert_batch_norm, "LRN": convert_lrn,
-    "MatMul": convert_matmul, "MatMulInteger": convert_matmul_integer, "ConvInteger": convert_conv_integer, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
+    "MatMul": convert_matmul, "Gemm": convert_gemm, "Conv": convert_conv, "MaxPool": convert_maxpool,
     "AveragePool": convert_avgpool, "LpPool": convert_lp_pool, "LpNormalization": convert_lp_normalization, "GlobalAveragePool": convert_global_pool, "GlobalMaxPool": convert_global_pool,
 })
+CONVERTERS.update({"MatMulInteger": convert_matmul_integer, "ConvInteger": convert_conv_integer})
 CHECKS = {"BatchNormalization": batch_norm_unsupported, "MaxPool": maxpool_unsupported}

@@ -13,11 +13,12 @@ ONNX definitions and onnxruntime's CPU kernels:
 
 MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv (and QDQ MatMuls / Convs, rewritten
 into the *Integer ops by integer_gemm.fuse_qdq_integer) with a constant int8 weight of zero
-point 0 (2-D convolutions of one group) accumulate in an int8 x int8 -> int32 GEMM / convolution with the zero points folded out (integer_gemm.py): integer tensor
-cores on CUDA. The other accumulations run as a float32 MatMul / Conv of the zero-point-shifted integers: exact
-while |acc| < 2**24 (int8 x int8 products of at most 2**15, so any K below 512, and in practice
-far beyond, as products of both signs cancel); larger sums may round the last bit, which moves
-a requantised output by at most one step. This keeps the GEMMs on the library path of every
+point 0 (2-D convolutions of one group) accumulate in an int8 x int8 -> int32 GEMM /
+convolution with the zero points folded out (integer_gemm.py): integer tensor cores on CUDA.
+The other accumulations run as a float32 MatMul / Conv of the zero-point-shifted integers:
+exact while |acc| < 2**24 (int8 x int8 products of at most 2**15, so any K below 512, and in
+practice far beyond, as products of both signs cancel); larger sums may round the last bit,
+which moves a requantised output by at most one step. This keeps the GEMMs on the library path of every
 backend. The (de)quantisation itself
 becomes elementwise basic ops, which the partition keeps in memory-bound subgraphs next to
 their neighbours.

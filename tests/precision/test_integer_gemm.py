@@ -117,8 +117,11 @@ def test_conv_integer_with_padding_is_exact(xdtype, zp):
     x = rng.integers(info.min, info.max + 1, (2, 5, 9, 9)).astype(xdtype)
     w = rng.integers(-128, 128, (6, 5, 3, 3)).astype(np.int8)
     pads, ttype = [1, 2, 1, 0], TensorProto.UINT8 if xdtype == np.uint8 else TensorProto.INT8
-    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(np.array(zp, xdtype), "xz")] if zp is not None else [])
-    node = helper.make_node("ConvInteger", ["x", "w"] + (["xz"] if zp is not None else []), ["y"], pads=pads, strides=[2, 2])
+    inits = [numpy_helper.from_array(w, "w")]
+    if zp is not None:
+        inits.append(numpy_helper.from_array(np.array(zp, xdtype), "xz"))
+    node = helper.make_node("ConvInteger", ["x", "w"] + (["xz"] if zp is not None else []), ["y"],
+                            pads=pads, strides=[2, 2])
     ref = _reference_conv(x, w, pads, 2, zp or 0)
     g = helper.make_graph([node], "ci", [helper.make_tensor_value_info("x", ttype, list(x.shape))],
                           [helper.make_tensor_value_info("y", TensorProto.INT32, list(ref.shape))], inits)

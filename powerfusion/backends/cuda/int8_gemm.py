@@ -48,7 +48,8 @@ class Int8Gemm:
 
     def __init__(self, blas):
         self.blas = blas
-        self.routes: dict[str, str] = {}     # step name -> "imma" or "fallback float64: <why>"
+        # step name -> "imma" (cuBLAS took the int8 call) or "fallback float64: <why>"
+        self.routes: dict[str, str] = {}
         self._wide: dict[str, tuple] = {}    # step name -> its float64 buffers
         self._weights: dict[str, tuple] = {}   # step name -> (pointer of the weight, its transpose)
 
