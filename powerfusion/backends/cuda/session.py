@@ -212,6 +212,8 @@ class CudaPlanRunner:
             self._int8 = Int8Gemm(self._blas)
             self._int8_conv = Int8Conv(self._int8)
         op = node.op
+        if isinstance(op, Conv):
+            self.conv_routes[node.name] = "int8: im2col + cuBLAS int8 GEMM (int8_gemm.py)"
         if isinstance(op, MatMul):
             ok = self._int8.gemm_into(node.name, ins[0], ins[1], out, trans_a=op.trans_a, trans_b=op.trans_b,
                                       b_constant=node.inputs[1] in self.constants)
