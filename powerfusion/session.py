@@ -103,7 +103,7 @@ class InferenceSession:
                 f"target '{self.target}' ({entry.name}) can be compiled (`powerfusion compile`) but not run "
                 f"from Python here; runnable backends: {', '.join(registry.runnable_backends())}")
         backend = entry.name
-        self.profile: list[tuple[str, float]] = []  # (step name, seconds) of the last CPU run
+        self._profile: list = []   # the last CPU run's (step name, seconds) and runs of steps in C
         self.cpu_plan: CpuPlan | None = None
         self.artefact = None
         if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
@@ -156,7 +156,13 @@ class InferenceSession:
     def _run_cpu(self, feeds):
         from powerfusion.ort_api import intra_op_threads
         with intra_op_threads(self.options.intra_op_threads):
-            return execute_partition(self.partition, feeds, self.profile, self.cpu_plan)
+            return execute_partition(self.partition, feeds, self._profile, self.cpu_plan)
+
+    @property
+    def profile(self) -> list[tuple[str, float]]:
+        """(step name, seconds) of each step of the last CPU run, in order."""
+        return [item for piece in self._profile
+                for item in ([piece] if isinstance(piece, tuple) else piece.step_times())]
 
     # ---- onnxruntime API --------------------------------------------------------
 
@@ -476,24 +482,33 @@ def execute_partition(partition: Partition, feeds: dict[str, np.ndarray],
 
 
 def _execute_steps(partition: Partition, env: dict, profile: list | None, plan: "CpuPlan | None") -> None:
-    graph = partition.graph
+    pieces = plan.pieces if plan is not None and plan.pieces is not None else partition.steps
+    for piece in pieces:
+        if isinstance(piece, (Subgraph, LibraryCall)):
+            start = time.perf_counter()
+            _execute_step(piece, env, partition.graph, plan)
+            if profile is not None:
+                profile.append((piece.name if isinstance(piece, Subgraph) else piece.node.name,
+                                time.perf_counter() - start))
+        else:   # a run of steps in generated C (backends/cpu/driver.py); its times are read lazily
+            piece.run(env)
+            if profile is not None:
+                profile.append(piece)
+
+
+def _execute_step(step, env: dict, graph: BasicGraph, plan: "CpuPlan | None") -> None:
     from powerfusion.frontend.index_check import check_gathers, gather_nodes
-    for step in partition.steps:
-        start = time.perf_counter()
-        check_gathers(gather_nodes(step.nodes if isinstance(step, Subgraph) else [step.node]), env, graph.tensors)
-        if isinstance(step, LibraryCall):
-            node = step.node
-            out = graph.tensors[node.outputs[0]]
-            inputs = [env[i] for i in node.inputs]
-            got = plan.run_library(node, inputs) if plan is not None else None
-            env[out.name] = got if got is not None else run_library_op(node.op, inputs, out.dtype)
-        elif plan is not None and plan.runs(step, graph):
-            plan.run(step, env, graph)
-        else:
-            execute_subgraph(step, env, graph)
-        if profile is not None:
-            profile.append((step.name if isinstance(step, Subgraph) else step.node.name,
-                            time.perf_counter() - start))
+    check_gathers(gather_nodes(step.nodes if isinstance(step, Subgraph) else [step.node]), env, graph.tensors)
+    if isinstance(step, LibraryCall):
+        node = step.node
+        out = graph.tensors[node.outputs[0]]
+        inputs = [env[i] for i in node.inputs]
+        got = plan.run_library(node, inputs) if plan is not None else None
+        env[out.name] = got if got is not None else run_library_op(node.op, inputs, out.dtype)
+    elif plan is not None and plan.runs(step, graph):
+        plan.run(step, env, graph)
+    else:
+        execute_subgraph(step, env, graph)
 
 
 def execute_subgraph(subgraph: Subgraph, env: dict[str, np.ndarray], graph: BasicGraph) -> None:

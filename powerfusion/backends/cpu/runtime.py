@@ -69,6 +69,16 @@ class NativeGraph:
         self._inputs = [spec(n) for n in g.inputs]     # (name, argument slot or None, dtype, elements)
         self._outputs = [spec(n) for n in g.outputs]
 
+    @property
+    def bound(self) -> dict[str, np.ndarray]:
+        """The arrays the module holds itself (constants, scratch buffers), by GIR buffer."""
+        return self._keep
+
+    @property
+    def entry_address(self) -> int:
+        """The address of the entry point `void pf_run_<graph>(void **buffers)`."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
     def _bind(self, name: str, array: np.ndarray) -> None:
         self._keep[name] = array
         self._args[self._slot[name]] = array.ctypes.data

@@ -29,6 +29,7 @@ A rewritten graph the C renderer cannot render runs on the fast GIR executor, wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import warnings
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from powerfusion.basic import BasicGraph, Subgraph
+from powerfusion.basic import BasicGraph, LibraryCall, Subgraph
 from powerfusion.gir.fastexec import FastProgram
 from powerfusion.gir.ir import GIRGraph
 from powerfusion.targets.specs import get_target
@@ -78,6 +79,8 @@ class CpuPlan:
     seconds: float = 0.0            # spent compiling at session creation
     keep: frozenset = frozenset()   # model outputs: a fresh array each run (others reuse theirs)
     library: dict = field(default_factory=dict)   # library node name -> runner with planned buffers (library.py)
+    pieces: list | None = None      # the steps as runs in C (driver.Driver) and steps left to Python; None: per step
+    left_out: dict = field(default_factory=dict)  # step name -> why the driver left it to Python
     _shapes: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -102,8 +105,16 @@ class CpuPlan:
         """The context a run executes in: one run at a time (runs reuse the planned buffers), and
         the BLAS on one thread when this plan splits GEMMs itself."""
         from powerfusion.backends.cpu.library import blas_on_one_thread
-        with self._lock, (blas_on_one_thread() if self.library else contextlib.nullcontext()):
+        with self._lock, (blas_on_one_thread() if self._numpy_gemms else contextlib.nullcontext()):
             yield
+
+    @functools.cached_property
+    def _numpy_gemms(self) -> bool:
+        """Whether a run calls a planned library runner from Python (the driver sets the BLAS's
+        threads itself)."""
+        if self.pieces is None:
+            return bool(self.library)
+        return any(isinstance(p, LibraryCall) and p.node.name in self.library for p in self.pieces)
 
     @property
     def paths(self) -> dict[str, str]:
@@ -174,7 +185,12 @@ def compile_cpu_plan(plan, failed: dict[str, str], native: bool = True) -> CpuPl
         for step in plan.partition.steps:
             if isinstance(step, LibraryCall) and (runner := library_runner(step.node, g)):
                 library[step.node.name] = runner
-    return CpuPlan(kernels, plan.timings.get("search", 0.0) + time.perf_counter() - t0, keep, library)
+    cpu = CpuPlan(kernels, 0.0, keep, library)
+    if native:
+        from powerfusion.backends.cpu.driver import plan_runs
+        cpu.pieces, cpu.left_out = plan_runs(plan.partition, cpu)
+    cpu.seconds = plan.timings.get("search", 0.0) + time.perf_counter() - t0
+    return cpu
 
 
 def compile_native(kernels: dict[str, CpuKernel]) -> dict[str, CpuKernel]:

@@ -1,0 +1,189 @@
+/* Library ops of the cpu target's whole-model driver (backends/cpu/driver.py): GEMMs through
+   the CBLAS entry points of numpy's own OpenBLAS (bound at load time by address), 2-D Conv as
+   im2col + GEMM, 1x1 Conv as a plain GEMM and depthwise Conv directly. Large GEMMs are split
+   by rows (or columns) over the OpenMP threads, each calling a single-threaded BLAS: the
+   driver sets the BLAS to one thread for the run, as the per-step path does. */
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifndef PF_BLASINT
+#define PF_BLASINT long long
+#endif
+typedef PF_BLASINT pf_blasint;
+enum { PF_ROW_MAJOR = 101, PF_NO_TRANS = 111, PF_TRANS = 112 };
+typedef void (*pf_sgemm_fn)(int, int, int, pf_blasint, pf_blasint, pf_blasint, float, const float *, pf_blasint,
+                            const float *, pf_blasint, float, float *, pf_blasint);
+typedef void (*pf_dgemm_fn)(int, int, int, pf_blasint, pf_blasint, pf_blasint, double, const double *, pf_blasint,
+                            const double *, pf_blasint, double, double *, pf_blasint);
+typedef int (*pf_get_threads_fn)(void);
+typedef void (*pf_set_threads_fn)(int);
+typedef void (*pf_entry_fn)(void **);
+
+static pf_sgemm_fn pf_sgemm;
+static pf_dgemm_fn pf_dgemm;
+static pf_get_threads_fn pf_blas_get_threads;
+static pf_set_threads_fn pf_blas_set_threads;
+
+/* below this many flops a GEMM runs on the calling thread alone (a fork-join costs microseconds) */
+#define PF_SPLIT_FLOPS 2.0e6
+/* below this many output elements an elementwise loop runs on one thread */
+#define PF_PARALLEL_ELEMENTS 32768
+
+static inline double pf_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline int pf_threads(void) {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+/* One GEMM, C[M,N] = op(A) op(B) + beta C (row-major), split over threads when large: by rows
+   of C when M >= N, else by columns. */
+#define PF_DEFINE_GEMM(NAME, T, FN)                                                                  \
+static void NAME(int ta, int tb, long long M, long long N, long long K, const T *A, long long lda,    \
+                 const T *B, long long ldb, T beta, T *C, long long ldc, int may_split) {            \
+  int nt = pf_threads();                                                                             \
+  if (!may_split || nt < 2 || 2.0 * M * N * K < PF_SPLIT_FLOPS || (M < 2 && N < 2)) {                \
+    FN(PF_ROW_MAJOR, ta ? PF_TRANS : PF_NO_TRANS, tb ? PF_TRANS : PF_NO_TRANS, M, N, K, (T)1, A, lda,  \
+       B, ldb, beta, C, ldc);                                                                        \
+    return;                                                                                          \
+  }                                                                                                  \
+  _Pragma("omp parallel num_threads(nt)")                                                            \
+  {                                                                                                  \
+    int t = 0, n = 1;                                                                                \
+    PF_THREAD_ID(t, n);                                                                              \
+    int rows = M >= N;                                                                               \
+    long long len = rows ? M : N, lo = len * t / n, hi = len * (t + 1) / n;                          \
+    if (hi > lo) {                                                                                   \
+      if (rows)                                                                                      \
+        FN(PF_ROW_MAJOR, ta ? PF_TRANS : PF_NO_TRANS, tb ? PF_TRANS : PF_NO_TRANS, hi - lo, N, K,    \
+           (T)1, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);                  \
+      else                                                                                           \
+        FN(PF_ROW_MAJOR, ta ? PF_TRANS : PF_NO_TRANS, tb ? PF_TRANS : PF_NO_TRANS, M, hi - lo, K,    \
+           (T)1, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);                        \
+    }                                                                                                \
+  }                                                                                                  \
+}
+#ifdef _OPENMP
+#define PF_THREAD_ID(t, n) do { t = omp_get_thread_num(); n = omp_get_num_threads(); } while (0)
+#else
+#define PF_THREAD_ID(t, n) do { t = 0; n = 1; } while (0)
+#endif
+PF_DEFINE_GEMM(pf_gemm_f32, float, pf_sgemm)
+PF_DEFINE_GEMM(pf_gemm_f64, double, pf_dgemm)
+
+/* A batched MatMul: item i multiplies A + a_off[i] by B + b_off[i] into C + i*M*N (broadcast
+   batch dimensions are repeated offsets). Many small items: one item per thread. */
+#define PF_DEFINE_BATCHED(NAME, T, GEMM)                                                             \
+static void NAME(long long items, const long long *a_off, const long long *b_off, int ta, int tb,    \
+                 long long M, long long N, long long K, const T *A, const T *B, T *C) {              \
+  long long lda = ta ? M : K, ldb = tb ? K : N;                                                      \
+  double flops = 2.0 * M * N * K;                                                                    \
+  if (items == 1 || flops >= PF_SPLIT_FLOPS) {                                                       \
+    for (long long i = 0; i < items; ++i)                                                            \
+      GEMM(ta, tb, M, N, K, A + a_off[i], lda, B + b_off[i], ldb, (T)0, C + i * M * N, N, 1);        \
+    return;                                                                                          \
+  }                                                                                                  \
+  _Pragma("omp parallel for schedule(static) if(flops * items >= PF_SPLIT_FLOPS)")                   \
+  for (long long i = 0; i < items; ++i)                                                              \
+    GEMM(ta, tb, M, N, K, A + a_off[i], lda, B + b_off[i], ldb, (T)0, C + i * M * N, N, 0);          \
+}
+PF_DEFINE_BATCHED(pf_matmul_f32, float, pf_gemm_f32)
+PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
+
+/* 2-D Conv (NCHW, grouped, strided, dilated, padded). `cols` holds one image's im2col matrix
+   [G][C/G*KH*KW][OH*OW] (NULL for 1x1 stride-1 unpadded convolutions, whose input is that
+   matrix already). Depthwise convolutions (G == C == M, one input channel per group) are
+   computed directly, one (image, channel) plane per thread. */
+typedef struct {
+  long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw;
+} pf_conv_shape;
+
+#define PF_DEFINE_CONV(NAME, T, GEMM)                                                                \
+static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols) {    \
+  long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
+  int big = s->n * s->m * plane >= PF_PARALLEL_ELEMENTS;                                             \
+  if (s->g == s->c && s->g == s->m) {                                                                \
+    _Pragma("omp parallel for schedule(static) if(big)")                                             \
+    for (long long nc = 0; nc < s->n * s->c; ++nc) {                                                 \
+      long long ch = nc % s->c;                                                                      \
+      const T *xp = x + nc * s->h * s->w, *wp = wt + ch * taps;                                      \
+      T *yp = y + nc * plane, b0 = bias ? bias[ch] : (T)0;                                           \
+      for (long long i = 0; i < plane; ++i) yp[i] = b0;                                              \
+      for (long long ki = 0; ki < s->kh; ++ki)                                                       \
+        for (long long kj = 0; kj < s->kw; ++kj) {                                                   \
+          T wv = wp[ki * s->kw + kj];                                                                \
+          for (long long oi = 0; oi < s->oh; ++oi) {                                                 \
+            long long ii = oi * s->sh - s->ph + ki * s->dh;                                          \
+            if (ii < 0 || ii >= s->h) continue;                                                      \
+            const T *xr = xp + ii * s->w;                                                            \
+            T *yr = yp + oi * s->ow;                                                                 \
+            long long jo = kj * s->dw - s->pw;                                                       \
+            long long lo = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                  \
+            long long hi = (s->w - jo + s->sw - 1) / s->sw;                                          \
+            if (hi > s->ow) hi = s->ow;                                                              \
+            if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj + jo]; }   \
+            else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }      \
+          }                                                                                          \
+        }                                                                                            \
+    }                                                                                                \
+    return;                                                                                          \
+  }                                                                                                  \
+  for (long long img = 0; img < s->n; ++img) {                                                       \
+    const T *xi = x + img * s->c * s->h * s->w;                                                      \
+    T *yi = y + img * s->m * plane;                                                                  \
+    if (bias) {                                                                                      \
+      _Pragma("omp parallel for schedule(static) if(big)")                                           \
+      for (long long o = 0; o < s->m; ++o)                                                           \
+        for (long long i = 0; i < plane; ++i) yi[o * plane + i] = bias[o];                           \
+    }                                                                                                \
+    const T *src = xi;                                                                               \
+    if (cols) {                                                                                      \
+      _Pragma("omp parallel for schedule(static) if(big)")                                           \
+      for (long long r = 0; r < s->c * taps; ++r) {                                                  \
+        long long ch = r / taps, ki = (r % taps) / s->kw, kj = r % s->kw;                            \
+        const T *xp = xi + ch * s->h * s->w;                                                         \
+        T *out = cols + r * plane;                                                                   \
+        for (long long oi = 0; oi < s->oh; ++oi) {                                                   \
+          long long ii = oi * s->sh - s->ph + ki * s->dh;                                            \
+          T *orow = out + oi * s->ow;                                                                \
+          if (ii < 0 || ii >= s->h) { memset(orow, 0, sizeof(T) * s->ow); continue; }                \
+          const T *xr = xp + ii * s->w;                                                              \
+          long long jo = kj * s->dw - s->pw;                                                         \
+          for (long long oj = 0; oj < s->ow; ++oj) {                                                 \
+            long long jj = oj * s->sw + jo;                                                          \
+            orow[oj] = (jj >= 0 && jj < s->w) ? xr[jj] : (T)0;                                       \
+          }                                                                                          \
+        }                                                                                            \
+      }                                                                                              \
+      src = cols;                                                                                    \
+    }                                                                                                \
+    long long k = cg * taps;                                                                         \
+    for (long long gi = 0; gi < s->g; ++gi)                                                          \
+      GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, src + gi * k * plane, plane, bias ? (T)1 : (T)0, \
+           yi + gi * mg * plane, plane, 1);                                                          \
+  }                                                                                                  \
+}
+PF_DEFINE_CONV(pf_conv2d_f32, float, pf_gemm_f32)
+PF_DEFINE_CONV(pf_conv2d_f64, double, pf_gemm_f64)
+
+/* The BLAS on one thread for the run (its own threads would wait for each other at every
+   step); the previous count is restored after. */
+static inline int pf_blas_enter(void) {
+  int prev = pf_blas_get_threads ? pf_blas_get_threads() : 1;
+  if (prev != 1 && pf_blas_set_threads) pf_blas_set_threads(1);
+  return prev;
+}
+
+static inline void pf_blas_leave(int prev) {
+  if (prev != 1 && pf_blas_set_threads) pf_blas_set_threads(prev);
+}

@@ -1,0 +1,146 @@
+"""The cpu target's whole-model driver (backends/cpu/driver.py): runs of steps in one C call.
+
+The driver's outputs are compared with the per-step path (the same kernels, library ops
+through numpy) and with the cpu-reference target (the fast GIR executor, checked against
+the interpreter in tests/gir). Tolerance: 1e-5 of each output's largest magnitude (the C
+GEMMs split rows over threads and im2col orders the sums as numpy's does, so differences are
+summation order only); integer outputs exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from powerfusion import InferenceSession
+from powerfusion.backends.cpu.driver import Driver, numpy_blas
+from powerfusion.errors import DataError
+from tests.session_cases import small_model_names, small_model_session
+
+TOL = 1e-5
+
+
+def assert_close(got: list, want: list, label: str) -> None:
+    for k, (x, w) in enumerate(zip(got, want)):
+        assert x.dtype == w.dtype and x.shape == w.shape, f"{label} output {k}"
+        if w.dtype.kind != "f":
+            np.testing.assert_array_equal(x, w, err_msg=f"{label} output {k}")
+            continue
+        scale = max(float(np.max(np.abs(w), initial=0.0)), 1.0)
+        err = float(np.max(np.abs(x.astype(np.float64) - w), initial=0.0)) / scale
+        assert err < TOL, f"{label} output {k}: error {err:.2e} of {scale:.2e}"
+
+
+def per_step(sess: InferenceSession, feeds: dict) -> list:
+    """The session's outputs with the driver turned off (each step called from Python)."""
+    plan = sess.cpu_plan
+    try:
+        sess.cpu_plan = dataclasses.replace(plan, pieces=None)
+        return sess.run(None, feeds)
+    finally:
+        sess.cpu_plan = plan
+
+
+def test_numpy_blas_is_found():
+    assert numpy_blas() is not None, "numpy's OpenBLAS exposes no CBLAS GEMM: library ops stay on numpy"
+
+
+@pytest.mark.parametrize("name", small_model_names())
+def test_driver_matches_per_step_path_and_reference(name):
+    sess, feeds = small_model_session(name)
+    assert not sess.cpu_plan.left_out, sess.cpu_plan.left_out
+    assert any(isinstance(p, Driver) for p in sess.cpu_plan.pieces)
+    got = sess.run(None, feeds)
+    assert_close(got, per_step(sess, feeds), f"{name} driver vs per-step")
+    ref, _ = small_model_session(name, "cpu-reference")
+    assert_close(got, ref.run(None, feeds), f"{name} driver vs cpu-reference")
+    again = sess.run(None, feeds)   # reused buffers give the same result; outputs are fresh arrays
+    assert_close(again, got, f"{name} second run")
+    assert all(a is not b for a, b in zip(again, got))
+    assert [n for n, _ in sess.profile] == [getattr(s, "name", None) or s.node.name for s in sess.partition.steps]
+
+
+def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "W")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "B"))
+    node = helper.make_node("Conv", ["x", "W"] + (["B"] if bias else []), ["y"], strides=list(strides),
+                            pads=list(pads), dilations=list(dilations), group=group)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    nsp = len(x_shape) - 2
+    out = [x_shape[0], w_shape[0]] + [(x_shape[2 + i] + pads[i] + pads[nsp + i] - dilations[i] * (w_shape[2 + i] - 1) - 1)
+                                      // strides[i] + 1 for i in range(nsp)]
+    graph = helper.make_graph([node, relu], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, out)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,strides,pads,dilations,group,bias", [
+    ((1, 16, 7, 7), (8, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True),        # 1x1: a plain GEMM
+    ((2, 8, 9, 9), (8, 1, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 8, True),          # depthwise, strided, padded
+    ((1, 8, 6, 7), (8, 1, 5, 3), (1, 2), (2, 0, 2, 1), (2, 1), 8, False),         # depthwise, dilated, uneven
+    ((1, 6, 10, 8), (9, 2, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1), 3, True),         # grouped, dilated, uneven pads
+    ((1, 4, 8, 8), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, False),         # depth multiplier 2
+    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # large enough to split
+])
+def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilations, group, bias):
+    import onnxruntime as ort
+    model = conv_model(x_shape, w_shape, strides, pads, dilations, group, bias)
+    sess = InferenceSession(model)
+    assert not sess.cpu_plan.left_out and isinstance(sess.cpu_plan.pieces[0], Driver)
+    x = np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert_close(sess.run(None, {"x": x}), want, "conv")
+
+
+def matmul_model(a_shape, b_shape, weight: bool) -> onnx.ModelProto:
+    b = numpy_helper.from_array(np.random.default_rng(9).standard_normal(b_shape).astype(np.float32), "b")
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)]
+    if not weight:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape))
+    out = list(np.broadcast_shapes(a_shape[:-2], b_shape[:-2])) + [a_shape[-2], b_shape[-1]]
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], [b] if weight else [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,weight", [
+    ((3, 40), (40, 24), True), ((2, 5, 64), (64, 300), True),      # a weight: the batch folds into M
+    ((4, 64, 8), (4, 8, 130), False), ((3, 1, 5, 6), (1, 2, 6, 7), False),   # batched, broadcast
+    ((200, 64), (64, 300), False)])                                 # split over threads
+def test_driver_matmul_matches_numpy(a_shape, b_shape, weight):
+    model = matmul_model(a_shape, b_shape, weight)
+    sess = InferenceSession(model)
+    assert not sess.cpu_plan.left_out
+    rng = np.random.default_rng(10)
+    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32)}
+    b = numpy_helper.to_array(model.graph.initializer[0]) if weight else rng.standard_normal(b_shape).astype(np.float32)
+    if not weight:
+        feeds["b"] = b
+    want = np.matmul(feeds["a"].astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    assert_close(sess.run(None, feeds), [want], "matmul")
+
+
+def test_one_dimensional_conv_is_left_to_numpy_and_said_why():
+    model = conv_model((2, 4, 11), (6, 4, 3), (2,), (1, 2), (1,), 1, True)
+    sess = InferenceSession(model)
+    assert any("2-D" in why for why in sess.cpu_plan.left_out.values()), sess.cpu_plan.left_out
+    x = np.random.default_rng(11).standard_normal((2, 4, 11)).astype(np.float32)
+    assert_close(sess.run(None, {"x": x}), per_step(sess, {"x": x}), "conv1d")
+
+
+def test_gather_indices_from_a_feed_are_checked_before_the_run():
+    data = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "E")
+    graph = helper.make_graph([helper.make_node("Gather", ["E", "ids"], ["g"], axis=0),
+                               helper.make_node("Relu", ["g"], ["y"])], "gather",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [data])
+    sess = InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    assert isinstance(sess.cpu_plan.pieces[0], Driver)
+    np.testing.assert_array_equal(sess.run(None, {"ids": np.array([3, -4])})[0], [[9, 10, 11], [0, 1, 2]])
+    with pytest.raises(DataError, match="index 4"):
+        sess.run(None, {"ids": np.array([0, 4])})
