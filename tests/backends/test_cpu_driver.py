@@ -85,7 +85,10 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((1, 8, 6, 7), (8, 1, 5, 3), (1, 2), (2, 0, 2, 1), (2, 1), 8, False),         # depthwise, dilated, uneven
     ((1, 6, 10, 8), (9, 2, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1), 3, True),         # grouped, dilated, uneven pads
     ((1, 4, 8, 8), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, False),         # depth multiplier 2
-    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # large enough to split
+    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # few blocks: the GEMM split
+    ((2, 16, 64, 60), (16, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),    # tiled im2col, dilated
+    ((1, 16, 33, 31), (24, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),     # tiled, strided, uneven
+    ((1, 16, 20, 20), (1, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # one output channel: direct
 ])
 def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilations, group, bias):
     import onnxruntime as ort

@@ -30,11 +30,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from powerfusion.backends.cpu.library import threads
 from powerfusion.basic import BasicGraph, Conv, LibraryCall, MatMul, Subgraph
 from powerfusion.frontend.index_check import check_gathers, gather_nodes
 from powerfusion.gir.interpreter import np_dtype
 
 FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
+CONV_TILE_MIN_COLUMNS = 256
 
 
 @dataclass(frozen=True)
@@ -194,12 +197,16 @@ def add_conv(b: RunBuilder, node, k: int) -> str | None:
     grp = op.group
     if cg * grp != c or m % grp or tuple(out.shape[:2]) != (n, m):
         return "channels and groups disagree"
-    s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins]
+    direct = c == grp or m // grp <= 4   # as PF_DIRECT_MAX_OUTPUTS in driver.h
+    pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
+    # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
+    # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
+    rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
+    nbuf = threads()
+    s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
-    depthwise = grp == c == m
-    pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
-    cols = "0" if depthwise or pointwise else f"T[{b.table.static(np.empty(c * kh * kw * oh * ow, dt))}]"
+    cols = "0" if direct or pointwise else f"T[{b.table.static(np.empty(c * kh * kw * max(nbuf * rows * ow, oh * ow), dt))}]"
     ctype = "float" if dt == np.float32 else "double"
     b.decls.append(f"static const pf_conv_shape pf_c{k} = {{{', '.join(str(int(v)) for v in s)}}};")
     b.lines.append(f"pf_conv2d_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
