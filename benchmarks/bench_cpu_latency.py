@@ -129,19 +129,20 @@ def measure(name: str, load, threads: int, runs: int, budget_s: float) -> dict:
     return row
 
 
-def write(rows: list[dict], threads: int) -> None:
+def write(rows: list[dict], threads: int, load_start: float) -> None:
     import math
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
     meta = {"device": f"{os.cpu_count()}-core CPU ({_cpu_name()})", "threads": threads, "commit": commit,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_1min": os.getloadavg()[0],
+            "load_avg_1min_start": load_start,
             "geomean_ratio": geo, "worst_ratio": max(r["ratio"] for r in rows)}
     out = ROOT / "benchmarks" / "results" / "cpu-latency"
     out.with_suffix(".json").write_text(json.dumps({**meta, "models": rows}, indent=1) + "\n")
     lines = [f"# CPU latency: PowerFusion (target cpu) vs onnxruntime", "",
              f"{meta['date']}, commit {commit}, {meta['device']}, {threads} threads each, load average "
-             f"{meta['load_avg_1min']:.1f} at the end. Median over three alternating blocks of runs per runtime, batch 1.", "",
+             f"{load_start:.1f} at the start and {meta['load_avg_1min']:.1f} at the end (other processes share the cores). Median over three alternating blocks of runs per runtime, batch 1.", "",
              f"Geomean ratio **{geo:.2f}x**, worst {meta['worst_ratio']:.2f}x.", "",
              "| model | powerfusion (ms) | onnxruntime (ms) | ratio | max rel. err | runs |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['powerfusion_ms']:.2f} | {r['onnxruntime_ms']:.2f} | {r['ratio']:.2f}x | "
@@ -174,12 +175,12 @@ def main(argv=None) -> int:
     set_threads(args.threads)   # before numpy / the BLAS / OpenMP load
     loaders = {**small_models(), **{n: (lambda n=n: light_model(n)) for n in LIGHT}}
     names = [n for n in args.models.split(",") if n] or list(loaders)
-    rows = []
+    rows, load_start = [], os.getloadavg()[0]
     for name in names:
         row = measure(name, loaders[name], args.threads, args.runs, args.budget)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    write(rows, args.threads)
+    write(rows, args.threads, load_start)
     return 0
 
 

@@ -28,9 +28,9 @@ static pf_get_threads_fn pf_blas_get_threads;
 static pf_set_threads_fn pf_blas_set_threads;
 
 /* below this many flops a GEMM runs on the calling thread alone (a fork-join costs microseconds) */
-#define PF_SPLIT_FLOPS 2.0e6
+#define PF_SPLIT_FLOPS 8.0e6
 /* below this many output elements an elementwise loop runs on one thread */
-#define PF_PARALLEL_ELEMENTS 32768
+#define PF_PARALLEL_ELEMENTS 131072
 
 static inline double pf_now(void) {
   struct timespec t;
