@@ -147,3 +147,25 @@ def test_gather_indices_from_a_feed_are_checked_before_the_run():
     np.testing.assert_array_equal(sess.run(None, {"ids": np.array([3, -4])})[0], [[9, 10, 11], [0, 1, 2]])
     with pytest.raises(DataError, match="index 4"):
         sess.run(None, {"ids": np.array([0, 4])})
+
+
+def test_outputs_that_are_constants_or_feeds_are_copies():
+    """An output that is a constant (or a view of one) or a feed is returned as a copy: changing
+    it must not change later runs; fresh outputs the run made are returned as they are."""
+    const = numpy_helper.from_array(np.arange(6, dtype=np.float32), "C")
+    shape = numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "S")
+    graph = helper.make_graph([helper.make_node("Reshape", ["C", "S"], ["c"]),
+                               helper.make_node("Identity", ["x"], ["i"]),
+                               helper.make_node("Relu", ["x"], ["r"])], "own",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "cir"], [const, shape])
+    sess = InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    x = np.full((2, 3), -1.0, np.float32)
+    c, i, r = sess.run(None, {"x": x})
+    c[:] = 7
+    i[:] = 7
+    np.testing.assert_array_equal(x, -1.0)
+    c2, i2, r2 = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(c2, np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(r2, 0.0)
+    assert r2 is not r
