@@ -52,9 +52,10 @@ static inline float pf_int_as_float(uint32_t b) { float f; memcpy(&f, &b, 4); re
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-/* ONNX max/min/Relu/Clip propagate NaN (C's fmaxf/fminf drop it); Python-style float Mod */
-static inline float pf_fmaxf(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
-static inline float pf_fminf(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+/* ONNX max/min/Relu/Clip propagate NaN (C's fmaxf/fminf drop it); as selects, not fmaxf calls, so that
+   the element loops vectorise (a ReLU: 8 -> 0.8 ns an element); Python-style float Mod */
+static inline float pf_fmaxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+static inline float pf_fminf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 static inline float pf_floor_modf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 /* floored division and modulo (GIR semantics); divisors are positive constants */
 static inline long long pf_floordiv(long long a, long long b) { long long q = a / b; return q - ((a % b) < 0); }
