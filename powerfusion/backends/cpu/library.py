@@ -1,5 +1,7 @@
-"""Library ops of the cpu target: MatMul/Gemm through numpy's BLAS, Conv as im2col + GEMM
-(1x1 convolutions as a plain GEMM, depthwise ones directly), buffers planned once.
+"""Library ops of the cpu target on the per-step path (steps the whole-model driver of
+driver.py leaves to Python, or every step without it): MatMul/Gemm through numpy's BLAS,
+Conv as im2col + GEMM (1x1 convolutions as a plain GEMM, depthwise ones directly), buffers
+planned once.
 
 Each library step gets a runner at session creation that holds its output array, its padded
 input and its im2col matrix; a run copies into those and calls the BLAS with `out=`. The BLAS
