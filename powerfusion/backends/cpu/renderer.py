@@ -28,7 +28,7 @@ from powerfusion.names import sanitize
 _INLINE_MATH = re.compile(r"\b(expf|tanhf|erff)\(")
 
 # a kernel that touches fewer elements than this runs on one thread (fork-join costs microseconds)
-PARALLEL_MIN_ELEMENTS = 1 << 18
+PARALLEL_MIN_ELEMENTS = 1 << 20
 
 _HELPERS = r"""#include <math.h>
 #include <stdint.h>
