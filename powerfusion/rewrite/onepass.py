@@ -18,10 +18,17 @@ exact for any m. The shift keeps the sums near the data's spread, not its offset
 naive sum(x^2) - n m^2 loses every digit for data of mean 1e4 and std 1 in float32; this
 form stays within float32 rounding of the two-pass result (tests/rewrite/test_onepass.py).
 
-These rules differ from the driver's tables in one way: each adds a load of one segment of
-the tile (the shift row, `num = 1`), so modelled global traffic rises by 1/num of the tile's
-load; what they save -- a streamed pass over the row -- exists only where the renderer
-streams. So they are not applied greedily: `one_pass_variant` gives the search a second
+`"max(x) ; sum(exp(x - m)) => online slot sums"` does the same for softmax: the pass that
+takes each slot's max also takes `reduce(sumexp)` -- the slot's sum of exp(x - max_s), kept
+with a running max that rescales it when the max grows (online softmax, one exp per element)
+-- and the unit combines sum_i exp(x_i - m) = sum_s sumexp_s * exp(max_s - m). Every
+exponent is a difference of two float32 values of the row (exact where they are close), so
+large offsets cost nothing; a single log-sum-exp scalar would round at the offset's scale.
+
+These rules differ from the driver's tables in one way: they do not lower modelled traffic
+(the variance rule even adds a load of one segment of the tile, the shift row, `num = 1`:
+1/num of the tile's load), and the softmax rule adds an exp per element; what they save --
+a streamed pass over the row -- exists only where the renderer streams. So they are not applied greedily: `one_pass_variant` gives the search a second
 candidate, and the cost model (which counts streamed passes) chooses (pipeline/search.py).
 Preconditions are checked exactly (slice patterns, sole writers and readers, guards, no
 masked elements); every application is traced.
@@ -53,42 +60,52 @@ def _plain_register(s: MemorySlice, num: int, width: int) -> bool:
 
 
 @dataclass(frozen=True)
-class _Variance:
-    """The gOperators of `sum_i (x_i - m)^2` in one unit, as the rule found them."""
-    q: int                 # reduce(sum, num) of the squares -> 1 x W
+class _Match:
+    """The gOperators of a second statistic of a tile x in one unit, as a rule found them:
+    reduce(sum, num)(f(x - m)) ; reduce(sum, width), m a scalar broadcast to the tile."""
+    q: int                 # reduce(sum, num) of f(x - m) -> 1 x W
     r: int                 # reduce(sum, width) of q's partials -> 1 x 1
-    square: int            # elementwise mul(d, d)
+    term: int              # the elementwise f: mul(d, d) (variance) or exp(d) (softmax)
     diff: int              # elementwise sub(x, m_tile)
     mean_row: int          # broadcast(width) m -> 1 x W (read for the slot corrections)
-    first_pass: int        # a reduce over num of x before diff: the pass the squares join
+    first_pass: int        # a reduce over num of x before diff: the pass the statistic joins
     x: MemorySlice         # the tile (num x W)
     row: MemorySlice       # a 1 x W slice in the identity layout of the tile's lanes
 
 
-def _find_variance(g: GIRGraph, at: int) -> _Variance | None:
+def _sum_tail(g: GIRGraph, at: int) -> tuple[int, MemorySlice, MemorySlice] | None:
+    """(r, the summed tile, the partials) for reduce(sum, num) at `at` whose partials only
+    reduce(sum, width) at r reads."""
     q = g.ops[at]
     if not _is(q, Reduce, fn="sum", over="num"):
         return None
-    sq_in, part = q.inputs[0], q.outputs[0]
-    num, W = sq_in.num, sq_in.width
-    if num < 2 or not _plain_register(sq_in, num, W) or not _plain_register(part, 1, W):
+    tile, part = q.inputs[0], q.outputs[0]
+    if tile.num < 2 or not _plain_register(tile, tile.num, tile.width) or not _plain_register(part, 1, tile.width):
         return None
     rs = readers(g, part.buffer)
     if len(rs) != 1 or rs[0] <= at or writers(g, part.buffer) != [at] or part.buffer in index(g).interface:
         return None
-    r = rs[0]
-    if not _is(g.ops[r], Reduce, fn="sum", over="width") or g.ops[r].inputs[0] != part:
+    if not _is(g.ops[rs[0]], Reduce, fn="sum", over="width") or g.ops[rs[0]].inputs[0] != part:
         return None
-    square = _sole_writer(g, sq_in.buffer, at)
-    if square is None or readers(g, sq_in.buffer) != [at] or sq_in.buffer in index(g).interface:
+    return rs[0], tile, part
+
+
+def _find(g: GIRGraph, at: int, term_fn: str, first_fn: str | None) -> _Match | None:
+    """The match at `at` whose summed tile is term_fn(d) (mul: d * d), d = x - m, x reduced
+    over num before (by first_fn, or any reduction when None)."""
+    tail = _sum_tail(g, at)
+    if tail is None:
         return None
-    sop = g.ops[square]
-    if not _is(sop, Elementwise, fn="mul") or len(sop.inputs) != 2 or sop.inputs[0] != sop.inputs[1]:
+    r, tile, part = tail
+    num, W = tile.num, tile.width
+    term = _sole_writer(g, tile.buffer, at)
+    if term is None or not _is(g.ops[term], Elementwise, fn=term_fn) or tile.buffer in index(g).interface:
         return None
-    d = sop.inputs[0]
-    if sop.outputs[0].pattern() != sq_in.pattern() or d.pattern() != sq_in.pattern():
+    top = g.ops[term]
+    d = top.inputs[0]
+    if any(s != d for s in top.inputs) or top.outputs[0].pattern() != tile.pattern() or d.pattern() != tile.pattern():
         return None
-    diff = _sole_writer(g, d.buffer, square)
+    diff = _sole_writer(g, d.buffer, term)
     if diff is None or not _is(g.ops[diff], Elementwise, fn="sub") or len(g.ops[diff].inputs) != 2:
         return None
     x, mt = g.ops[diff].inputs
@@ -104,16 +121,16 @@ def _find_variance(g: GIRGraph, at: int) -> _Variance | None:
     if mrow.pattern() != part.pattern() or g.ops[mean_row].inputs[0].count != 1:
         return None
     first = [k for k in readers(g, x.buffer) if k < diff and _is(g.ops[k], Reduce, over="num")
-             and g.ops[k].inputs[0] == x]
+             and g.ops[k].inputs[0] == x and (first_fn is None or g.ops[k].args.fn == first_fn)]
     if not first or written_between(g, x.buffer, first[0], diff):
         return None
-    ops = [g.ops[k] for k in (at, r, square, diff, mean_tile, mean_row, first[0])]
+    ops = [g.ops[k] for k in (at, r, term, diff, mean_tile, mean_row, first[0])]
     if not all(same_guard(ops[0], o) for o in ops):
         return None
     dtypes = {g.buffer(s.buffer).dtype for o in ops for s in o.inputs + o.outputs if s.level == Level.REGISTER}
     if not dtypes <= FLOATS or len(dtypes) != 1:
         return None
-    return _Variance(at, r, square, diff, mean_row, first[0], x, part)
+    return _Match(at, r, term, diff, mean_row, first[0], x, part)
 
 
 class _Builder:
@@ -180,8 +197,8 @@ def _row0(g: GIRGraph, tile: MemorySlice, before: int, row: MemorySlice, b: _Bui
 def shifted_variance(g: GIRGraph, at: int) -> Rewrite | None:
     """reduce(sum, num)((x - m)^2) ; reduce(sum, width) => per-slot shifted sums of x in the
     pass that reduces x, combined per unit with m (module docstring)."""
-    v = _find_variance(g, at)
-    if v is None:
+    v = _find(g, at, "mul", None)
+    if v is None or len(g.ops[v.term].inputs) != 2 or readers(g, g.ops[v.term].outputs[0].buffer) != [at]:
         return None
     num = v.x.num
     b = _Builder(g, f"onepass:{g.ops[at].origin}", g.ops[at].guard, g.buffer(v.x.buffer).dtype)
@@ -212,26 +229,55 @@ def shifted_variance(g: GIRGraph, at: int) -> Rewrite | None:
     new = _schedule(g, v, shift_ops, pass_ops, combine)
     uid = next_uid(g)
     new = [replace(op, uid=uid + k) if op.uid == 0 else op for k, op in enumerate(new)]
-    changed = (g.ops[v.q].uid, g.ops[v.r].uid, g.ops[v.square].uid)
+    changed = (g.ops[v.q].uid, g.ops[v.r].uid, g.ops[v.term].uid)
     return Rewrite(tuple(new), g.buffers + tuple(b.buffers), changed)
 
 
-def _schedule(g: GIRGraph, v: _Variance, shift_ops, pass_ops, combine) -> list[GOp]:
+@matches("reduce")
+def online_softmax(g: GIRGraph, at: int) -> Rewrite | None:
+    """reduce(max, num)(x) ... reduce(sum, num)(exp(x - m)) ; reduce(sum, width) => reduce(sumexp,
+    num)(x) beside the max in its pass (each slot's sum of exp(x - slot max), a running max
+    rescaling it: online softmax); the unit sums sumexp_s * exp(max_s - m). Exact for any m;
+    m >= max_s (the row max) keeps every factor <= 1. exp(x - m) itself stays (its readers
+    -- the softmax output -- recompute it in their own pass)."""
+    v = _find(g, at, "exp", "max")
+    if v is None:
+        return None
+    slot_max = g.ops[v.first_pass].outputs[0]
+    if (slot_max.pattern() != v.row.pattern() or slot_max.level != Level.REGISTER
+            or _sole_writer(g, slot_max.buffer, v.r) != v.first_pass):
+        return None
+    b = _Builder(g, f"onepass:{g.ops[at].origin}", g.ops[at].guard, g.buffer(v.x.buffer).dtype)
+    sig = b.reg_like(v.row, f"{v.x.buffer}_slot_sumexp")
+    pass_ops = [b.op(Reduce("sumexp", "num"), [v.x], sig)]
+    mrow = g.ops[v.mean_row].outputs[0]
+    off_op, off = b.ew("sub", [slot_max, mrow], v.row, f"{v.x.buffer}_slot_off")
+    sc_op, sc = b.ew("exp", [off], v.row, f"{v.x.buffer}_slot_scale")
+    tot_op, tot = b.ew("mul", [sig, sc], v.row, f"{v.x.buffer}_slot_total")
+    combine = [off_op, sc_op, tot_op, replace(g.ops[v.r], inputs=(tot,), uid=0)]
+    new = _schedule(g, v, [], pass_ops, combine, drop_term=False)
+    uid = next_uid(g)
+    new = [replace(op, uid=uid + k) if op.uid == 0 else op for k, op in enumerate(new)]
+    return Rewrite(tuple(new), g.buffers + tuple(b.buffers), (g.ops[v.q].uid, g.ops[v.r].uid))
+
+
+def _schedule(g: GIRGraph, v: _Match, shift_ops, pass_ops, combine, drop_term: bool = True) -> list[GOp]:
     """The shift row's loads before the tile is first reduced (so the pass runs as one streamed
-    loop), the shifted sums right after that reduce, the slot combination where r was."""
+    loop), the new reductions right after that reduce, the slot combination where r was."""
     out: list[GOp] = []
     for k, op in enumerate(g.ops):
         if k == v.first_pass:
             out += shift_ops + [op] + pass_ops
         elif k == v.r:
             out += combine
-        elif k not in (v.q, v.square):
+        elif k != v.q and not (drop_term and k == v.term):
             out.append(op)
     return out
 
 
 ONEPASS_RULES = {
     "sum((x - m)^2) => shifted slot sums": shifted_variance,
+    "max(x) ; sum(exp(x - m)) => online slot sums": online_softmax,
 }
 
 

@@ -24,7 +24,9 @@ from powerfusion.gir.expr import I, J, U
 from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Broadcast, Elementwise, GOp, Level, Move, Reduce
 from powerfusion.rewrite import optimise
-from powerfusion.rewrite.onepass import ONEPASS_RULES, apply_one_pass, one_pass_variant, shifted_variance
+from powerfusion.gir.interpreter import sumexp
+from powerfusion.rewrite.onepass import (ONEPASS_RULES, apply_one_pass, one_pass_variant, online_softmax,
+                                         shifted_variance)
 from powerfusion.templates.merge import lower_subgraph
 from tests.rewrite.util import gbuf, glob, graph, graphs_equal, random_feeds, reg, show
 
@@ -120,8 +122,67 @@ def test_shifted_variance_refuses(case):
     _check_rule(shifted_variance, before, at, None)
 
 
+def _softmax_graph(with_max_pass=True, exp_of_x=False):
+    """Per unit: x (2 x 4) -> row max, e = exp(x - max), its sum; the sum and e stored."""
+    X, Mt, D, E = (reg(n, NUM, W) for n in ("X", "Mt", "D", "E"))
+    Pm, Mw, P2, M, S = reg("Pm", 1, W), reg("Mw", 1, W), reg("P2", 1, W), reg("M", 1, 1), reg("S", 1, 1)
+    first = _op(Reduce("max", "num"), [X], Pm) if with_max_pass else _op(Reduce("max", "num"), [D], Pm)
+    ops = [_op(Move(), [glob("x", U * 8 + I * W + J, NUM, W)], X), _op(Move(), [glob("x", U * 8 + I * W + J, NUM, W)], D),
+           first, _op(Reduce("max", "width"), [Pm], M), _op(Broadcast("width"), [M], Mw),
+           _op(Broadcast("num"), [Mw], Mt), _op(Elementwise("sub"), [X, Mt], D),
+           _op(Elementwise("exp"), [X if exp_of_x else D], E),
+           _op(Reduce("sum", "num"), [E], P2), _op(Reduce("sum", "width"), [P2], S),
+           _op(Move(), [S], glob("s", U, 1, 1)), _op(Move(), [E], glob("e", U * 8 + I * W + J, NUM, W))]
+    if with_max_pass:
+        del ops[1]
+    bufs = [gbuf("x", 32), gbuf("s", 4), gbuf("e", 32)] + [gbuf(n, NUM * W, Level.REGISTER) for n in ("X", "Mt", "D", "E")] + [
+        gbuf(n, W, Level.REGISTER) for n in ("Pm", "Mw", "P2")] + [gbuf(n, 1, Level.REGISTER) for n in ("M", "S")]
+    return graph(ops, bufs, ["x"], ["s", "e"]), next(k for k, o in enumerate(ops) if o.args == Reduce("sum", "num"))
+
+
+def _softmax_expected():
+    X, Mt, D, E = (reg(n, NUM, W) for n in ("X", "Mt", "D", "E"))
+    Pm, Mw, M, S = reg("Pm", 1, W), reg("Mw", 1, W), reg("M", 1, 1), reg("S", 1, 1)
+    row = {n: reg(f"X_{n}", 1, W) for n in ("slot_sumexp", "slot_off", "slot_scale", "slot_total")}
+    ops = [_op(Move(), [glob("x", U * 8 + I * W + J, NUM, W)], X), _op(Reduce("max", "num"), [X], Pm),
+           _op(Reduce("sumexp", "num"), [X], row["slot_sumexp"]),
+           _op(Reduce("max", "width"), [Pm], M), _op(Broadcast("width"), [M], Mw), _op(Broadcast("num"), [Mw], Mt),
+           _op(Elementwise("sub"), [X, Mt], D), _op(Elementwise("exp"), [D], E),
+           _op(Elementwise("sub"), [Pm, Mw], row["slot_off"]), _op(Elementwise("exp"), [row["slot_off"]], row["slot_scale"]),
+           _op(Elementwise("mul"), [row["slot_sumexp"], row["slot_scale"]], row["slot_total"]),
+           _op(Reduce("sum", "width"), [row["slot_total"]], S),
+           _op(Move(), [S], glob("s", U, 1, 1)), _op(Move(), [E], glob("e", U * 8 + I * W + J, NUM, W))]
+    bufs = [gbuf("x", 32), gbuf("s", 4), gbuf("e", 32)] + [gbuf(n, NUM * W, Level.REGISTER) for n in ("X", "Mt", "D", "E")] + [
+        gbuf(n, W, Level.REGISTER) for n in ("Pm", "Mw")] + [gbuf(n, 1, Level.REGISTER) for n in ("M", "S")] + [
+        gbuf(s.buffer, W, Level.REGISTER) for s in row.values()]
+    return graph(ops, bufs, ["x"], ["s", "e"])
+
+
+def test_online_softmax_before_expected():
+    before, at = _softmax_graph()
+    _check_rule(online_softmax, before, at, _softmax_expected())
+
+
+@pytest.mark.parametrize("case", ["with_max_pass", "exp_of_x"])
+def test_online_softmax_refuses(case):
+    before, at = _softmax_graph(**{"with_max_pass": case != "with_max_pass", "exp_of_x": case == "exp_of_x"})
+    _check_rule(online_softmax, before, at, None)
+
+
+def test_sumexp_semantics():
+    """reduce(sumexp): sum of exp(x - max) over the valid elements, an element equal to the max
+    counting 1 (so -inf-only and +inf slots give counts, not NaN); masked elements skipped."""
+    inf = np.inf
+    v = np.array([[[0.0, -inf, -inf], [1.0, -inf, inf], [2.0, -inf, 3.0]]], np.float32)   # 1 unit, num 3, width 3
+    mask = np.ones_like(v, bool)
+    mask[0, 2, 2] = False
+    got = sumexp(v, mask, 1)
+    want = [np.exp(-2.0) + np.exp(-1.0) + 1.0, 3.0, 1.0]
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-6)
+
+
 def test_every_one_pass_rule_has_a_test_here():
-    assert set(ONEPASS_RULES.values()) == {shifted_variance}
+    assert set(ONEPASS_RULES.values()) == {shifted_variance, online_softmax}
     assert all(rule.kinds == {"reduce"} for rule in ONEPASS_RULES.values())
 
 
@@ -238,6 +299,57 @@ def test_every_one_pass_step_keeps_outputs(D, offset, std):
         np.testing.assert_allclose(got["y"], want["y"], atol=2e-3 * np.abs(want["y"]).max(), err_msg=step.rule)
 
 
+def _softmax_model(shape, masked=False):
+    nodes = [h.make_node("Softmax", ["x"], ["y"], axis=-1)]
+    if masked:
+        nodes = [h.make_node("Mul", ["x", "scale"], ["xs"]), h.make_node("Add", ["xs", "mask"], ["xm"]),
+                 h.make_node("Softmax", ["xm"], ["y"], axis=-1)]
+    inits = [nh.from_array(np.array(0.125, np.float32), "scale")] if masked else []
+    ins = [h.make_tensor_value_info("x", TP.FLOAT, shape)] + (
+        [h.make_tensor_value_info("mask", TP.FLOAT, [1, shape[-1]])] if masked else [])
+    gr = h.make_graph(nodes, "m", ins, [h.make_tensor_value_info("y", TP.FLOAT, shape)], inits)
+    m = h.make_model(gr, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _softmax_inputs(shape, offset, seed=0):
+    """Logits around `offset` (std 3), the first 100 of each row -inf (a padding mask)."""
+    x = (offset + 3 * np.random.default_rng(seed).standard_normal(shape)).astype(np.float32)
+    x[..., :100] = -np.inf
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    return x, e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("D", [384, 4096, 65536])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_softmax_one_pass_against_float64(D, offset):
+    """Every output within 2e-6 of the largest (float32: the exp's and the sum's rounding); a
+    log-sum-exp scalar at offset 1e4 would be off by up to 5e-4 relative (its ulp there)."""
+    two = lowered(_softmax_model([2, D]))
+    one, trace = apply_one_pass(two)
+    assert [s.rule for s in trace] == ["max(x) ; sum(exp(x - m)) => online slot sums"]
+    x, ref = _softmax_inputs((2, D), offset)
+    got = _run(one, {"x": x})["y"].reshape(2, D)
+    assert np.abs(got - ref).max() <= 2e-6 * ref.max()
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_scale_mask_softmax_one_pass_against_float64():
+    shape = [2, 3, 384]
+    one, trace = apply_one_pass(lowered(_softmax_model(shape, masked=True)))
+    assert trace
+    rng = np.random.default_rng(3)
+    x = (1e3 + rng.standard_normal(shape)).astype(np.float32)
+    mask = np.where(rng.random((1, 384)) < 0.3, -1e4, 0.0).astype(np.float32)
+    z = x.astype(np.float64) * 0.125 + mask
+    e = np.exp(z - z.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    got = _run(one, {"x": x, "mask": mask})["y"].reshape(shape)
+    assert np.abs(got - ref).max() <= 2e-6 * ref.max()
+
+
 def test_rmsnorm_is_one_statistic_already():
     """RMSNorm reduces its row once (the mean of squares): the rule has nothing to join."""
     D = 4096
@@ -256,12 +368,14 @@ def test_rmsnorm_is_one_statistic_already():
 
 # ---- the cost model chooses ------------------------------------------------------------------
 
-@pytest.mark.parametrize("D,one_pass_wins", [(65536, True), (1024, False)])
-def test_cost_model_picks_one_pass_only_for_streamed_rows(D, one_pass_wins):
+@pytest.mark.parametrize("kind,D,one_pass_wins", [("layernorm", 65536, True), ("layernorm", 1024, False),
+                                                  ("softmax", 65536, True), ("softmax", 1024, False)])
+def test_cost_model_picks_one_pass_only_for_streamed_rows(kind, D, one_pass_wins):
     from powerfusion.perfmodel.cost import estimate, predict_seconds
     from powerfusion.targets.specs import get_target
     t = get_target("h200")
-    two = lowered(_model("layernorm", [4096, D])[0])
+    model = _model("layernorm", [4096, D])[0] if kind == "layernorm" else _softmax_model([4096, D])
+    two = lowered(model)
     one = one_pass_variant(two)[0]
     p_two, p_one = (predict_seconds(estimate(g, t), t) for g in (two, one))
     assert (p_one < p_two) == one_pass_wins, (p_one, p_two)
@@ -281,3 +395,14 @@ def test_one_pass_layernorm_on_gpu(D):
     got = _run_on_gpu(one, {"x": x})
     np.testing.assert_allclose(got["inv"].reshape(8, 1), inv_ref, rtol=2e-4)
     assert np.abs(got["y"].reshape(8, D) - y_ref).max() <= 2e-3 * np.abs(gam).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [384, 65536])
+def test_one_pass_softmax_on_gpu(D):
+    from tests.rewrite.test_gpu_rewritten import _run_on_gpu
+    one, trace = apply_one_pass(lowered(_softmax_model([8, D])))
+    assert trace
+    x, ref = _softmax_inputs((8, D), 1e4, seed=4)
+    got = _run_on_gpu(one, {"x": x})["y"].reshape(8, D)
+    assert np.abs(got - ref).max() <= 2e-6 * ref.max()
