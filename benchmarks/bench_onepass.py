@@ -72,7 +72,7 @@ def _compile_all(plans: Path, jobs: int) -> dict:
     return {mode: ast.literal_eval(p.communicate()[0].strip().splitlines()[-1]) for mode, p in procs.items()}
 
 
-def time_cases(plans: Path, info: dict, budget_s: float, start: float) -> tuple[list[dict], float, int]:
+def time_cases(plans: Path, info: dict, budget_s: float, start: float, save) -> tuple[list[dict], float, int]:
     import torch
     from baselines import bench_torch, torch_impls
     from bench_gir import Ours, make_inputs
@@ -112,6 +112,7 @@ def time_cases(plans: Path, info: dict, budget_s: float, start: float) -> tuple[
                 rows.append({**base, "impl": "torch-compile", "error": f"{type(e).__name__}: {str(e)[:200]}"})
         del sets, want
         torch.cuda.empty_cache()
+        save(rows, copy_bw, l2)   # after every case: a run cut short keeps what it measured
     return rows, copy_bw, l2
 
 
@@ -130,13 +131,14 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     info = _compile_all(plans, args.jobs)
     print(f"compiled in {time.perf_counter() - start:.0f} s: {info}", flush=True)
-    rows, copy_bw, l2 = time_cases(plans, info, args.budget_s, start)
-    from harness import run_metadata, write_results
-    meta = run_metadata(copy_bandwidth_GBps=round(copy_bw / 1e9, 1), l2_bytes=l2,
-                        search_budget_s=os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "10"),
-                        notes=["before: the search without the one-pass variant; after: with it",
-                               "bytes = compulsory; device time: CUDA-graph replay over rotated input sets"])
-    write_results("gir-onepass", rows, meta, args.out)
+    def save(rows, copy_bw, l2):
+        from harness import run_metadata, write_results
+        meta = run_metadata(copy_bandwidth_GBps=round(copy_bw / 1e9, 1), l2_bytes=l2,
+                            search_budget_s=os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "10"),
+                            notes=["before: the search without the one-pass variant; after: with it",
+                                   "bytes = compulsory; device time: CUDA-graph replay over rotated input sets"])
+        write_results("gir-onepass", rows, meta, args.out)
+    time_cases(plans, info, args.budget_s, start, save)
     return 0
 
 
