@@ -352,8 +352,12 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
 def _one_pass(c: _Cand, t: TargetSpec) -> None:
     """The plan's one-pass form (rewrite/onepass.py: a second statistic in the first one's pass,
     one more segment loaded per row), kept where the cost model predicts it faster: where the
-    renderer streams the row, a pass less over DRAM; elsewhere the extra load and ops lose."""
+    renderer streams the row, a pass less over DRAM; elsewhere the extra load and ops lose.
+    Tried only for plans with a streamed kernel: nothing else can gain (and the verifier and
+    renderer would run twice for every softmax and LayerNorm plan)."""
     from powerfusion.rewrite.onepass import one_pass_variant
+    if "streamed" not in c.estimate.limits:
+        return
     variant = one_pass_variant(c.optimised)
     if variant is None:
         return

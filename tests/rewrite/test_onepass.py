@@ -409,3 +409,14 @@ def test_one_pass_softmax_on_gpu(D):
     x, ref = _softmax_inputs((8, D), 1e4, seed=4)
     got = _run_on_gpu(one, {"x": x})["y"].reshape(8, D)
     assert np.abs(got - ref).max() <= 2e-6 * ref.max()
+
+
+@pytest.mark.parametrize("D,want", [(65536, True), (1024, False)])
+def test_search_keeps_the_one_pass_form_only_where_it_streams(D, want):
+    """pipeline/search.py: the plan chosen for softmax over 512 x D uses the online rule exactly
+    where its kernel streams the row."""
+    from powerfusion.pipeline.search import choose_plan
+    graph = import_model(_softmax_model([512, D]))
+    (sub,) = partition_graph(graph, "cuda").subgraphs
+    choice = choose_plan(sub, graph, "h200", cache=False, budget_s=1.0, beam=2)
+    assert any(s.rule in ONEPASS_RULES for s in choice.trace) == want
