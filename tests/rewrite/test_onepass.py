@@ -443,3 +443,24 @@ def test_bfloat16_one_pass_matches_two_pass(kind):
     x = (100 + np.random.default_rng(0).standard_normal((2, D))).astype(bf)
     a, b = (_run(g, {"x": x})["y"].astype(np.float32) for g in (two, one))
     np.testing.assert_allclose(b, a, rtol=2 ** -7, atol=2 ** -7 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+def test_long_rows_are_streamed_once_per_statistic(kind, tmp_path):
+    """The rendered CUDA kernel of a 65536-wide row: three streamed loops over the row (three
+    reads of x) before the rule, two after (the statistics' pass, the output's pass); the
+    one-pass source compiles (nvcc, where installed)."""
+    import shutil
+    import subprocess
+    from powerfusion.backends.cuda.renderer import CUDARenderer
+    model = _softmax_model([2, 65536]) if kind == "softmax" else _model("layernorm", [2, 65536])[0]
+    two = lowered(model)
+    one = apply_one_pass(two)[0]
+    (before,), (after,) = CUDARenderer().render(two), CUDARenderer().render(one)
+    assert before.source.count("for (int ri = 0;") == 3
+    assert after.source.count("for (int ri = 0;") == 2
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    (tmp_path / "k.cu").write_text(after.source)
+    subprocess.run([nvcc, "-arch=sm_90", "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")], check=True)
