@@ -40,8 +40,8 @@ from dataclasses import dataclass, replace
 from powerfusion.gir.expr import const, loads, substitute
 from powerfusion.gir.ir import (Broadcast, Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce)
 from powerfusion.gir.traffic import traffic
-from powerfusion.rewrite.base import (Rewrite, fresh_name, index, matches, next_uid, readers, same_guard,
-                                      written_between, writers)
+from powerfusion.rewrite.base import (Rewrite, device_syncs_between, fresh_name, index, matches, next_uid, readers,
+                                      same_guard, written_between, writers)
 
 FLOATS = frozenset({"float32", "float64"})
 
@@ -125,8 +125,8 @@ def _find(g: GIRGraph, at: int, term_fn: str, first_fn: str | None) -> _Match | 
     if not first or written_between(g, x.buffer, first[0], diff):
         return None
     ops = [g.ops[k] for k in (at, r, term, diff, mean_tile, mean_row, first[0])]
-    if not all(same_guard(ops[0], o) for o in ops):
-        return None
+    if not all(same_guard(ops[0], o) for o in ops) or device_syncs_between(g, first[0], r):
+        return None   # the new slot tiles live from the first pass to r: one kernel
     dtypes = {g.buffer(s.buffer).dtype for o in ops for s in o.inputs + o.outputs if s.level == Level.REGISTER}
     if not dtypes <= FLOATS or len(dtypes) != 1:
         return None
