@@ -78,6 +78,8 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
        "fminf(fmaxf({0}, {lo}f), {hi}f)", flops=2, params=("lo", "hi")),
     _f("hard_sigmoid", 1, lambda x, alpha, beta: np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype),
        "fminf(fmaxf({0} * {alpha}f + {beta}f, 0.0f), 1.0f)", flops=4, params=("alpha", "beta")),
+    _f("affine", 1, lambda x, alpha, beta: x * x.dtype.type(alpha) + x.dtype.type(beta),
+       "({0} * {alpha}f + {beta}f)", flops=2, params=("alpha", "beta")),
     _f("identity", 1, lambda x: x, "{0}", flops=0),
     _f("floor", 1, np.floor, "floorf({0})"),
     _f("ceil", 1, np.ceil, "ceilf({0})"),

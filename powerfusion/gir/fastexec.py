@@ -35,7 +35,7 @@ from typing import Mapping
 import numpy as np
 
 from powerfusion.gir.expr import loads
-from powerfusion.gir.interpreter import _IDENTITY, _REDUCE, _poison, compute_dtype, np_dtype
+from powerfusion.gir.interpreter import _IDENTITY, _REDUCE, _poison, compute_dtype, np_dtype, sumexp
 from powerfusion.gir.ir import Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync
 from powerfusion.scalar import scalar_fn
 
@@ -450,6 +450,10 @@ def _exec_reduce(st: _Run, step: _Step, units) -> None:
     cd = _wide(vals.dtype)
     v = vals.astype(cd, copy=False)
     fn = step.op.args.fn
+    if fn == "sumexp":
+        out = sumexp(v, m, 2 if step.op.args.over == "width" else 1)
+        st.write(dst, out.reshape(len(units), dst.slice.num, dst.slice.width), len(units))
+        return
     if m is not None:
         ident = _IDENTITY[fn] if cd.kind == "f" else \
             {"sum": 0, "prod": 1, "max": np.iinfo(cd).min, "min": np.iinfo(cd).max}[fn]

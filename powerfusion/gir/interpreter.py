@@ -31,6 +31,16 @@ _IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
 
 
+def sumexp(v: np.ndarray, mask: np.ndarray | None, axis: int) -> np.ndarray:
+    """Reduce(sumexp): the sum over the valid elements of exp(x - m), m their maximum, an element
+    equal to m counting 1 (so +-inf maxima give counts, not NaN; ir.Reduce)."""
+    mask = np.ones(v.shape, bool) if mask is None else mask
+    with np.errstate(all="ignore"):
+        m = np.max(np.where(mask, v, v.dtype.type(-np.inf)), axis=axis, keepdims=True)
+        terms = np.where(v == m, v.dtype.type(1), np.exp(v - m))
+    return np.sum(np.where(mask, terms, v.dtype.type(0)), axis=axis, dtype=v.dtype)
+
+
 class _State:
     def __init__(self, graph: GIRGraph, feeds: Mapping[str, np.ndarray]):
         self.graph = graph
@@ -122,6 +132,10 @@ def _exec_reduce(st: _State, op: GOp, units):
     vals, m = st.read(src, units)
     cd = compute_dtype(vals.dtype)
     v = vals.astype(cd).reshape(len(units), src.num, src.width)
+    if op.args.fn == "sumexp":
+        out = sumexp(v, m.reshape(v.shape), 2 if op.args.over == "width" else 1)
+        st.write(dst, units, out.reshape(len(units), -1), np.ones((len(units), dst.count), dtype=bool))
+        return
     ident = _IDENTITY[op.args.fn]
     if cd.kind == "b":
         ident = {"sum": False, "prod": True, "max": False, "min": True}[op.args.fn]

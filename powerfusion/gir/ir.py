@@ -163,8 +163,11 @@ class Elementwise:
 class Reduce:
     """Reduce the input (num x width) over 'width' (-> num x 1) or 'num' (-> 1 x width).
     Over width across lanes this includes the lanes' exchange (a WARP-scope step)."""
-    fn: str      # sum | max | min | prod
+    fn: str      # sum | max | min | prod | sumexp
     over: str    # "width" | "num"
+    # sumexp: sum over the elements of exp(x - max), an element equal to the max counting 1 (a
+    # per-slot softmax denominator, one pass with a running max: rewrite/onepass.py); it is
+    # not combinable with itself, so only over num, and only on floats
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from powerfusion.gir.verifier_flow import GIRVerifyError, _Flow, interval  # noq
 from powerfusion.scalar import SCALAR_FNS
 
 CAP = 1 << 21  # elements of evaluation and per-element state the walk may hold
-_REDUCE_FNS = ("sum", "max", "min", "prod")
+_REDUCE_FNS = ("sum", "max", "min", "prod", "sumexp")
 
 
 def verify(graph: GIRGraph, cap: int = CAP, seed: int = 0) -> None:
@@ -122,6 +122,8 @@ def _check_op_shape(g: GIRGraph, k: int, op: GOp) -> None:
     elif isinstance(a, Reduce):
         if a.fn not in _REDUCE_FNS or a.over not in ("num", "width") or len(ins) != 1:
             _fail(g, k, op, f"bad reduce {a}")
+        if a.fn == "sumexp" and (a.over != "num" or g.buffer(out.buffer).dtype not in ("float32", "float64")):
+            _fail(g, k, op, "reduce(sumexp) is defined over num into a float32 or float64 tile only")
         s = ins[0]
         want = (s.num, 1) if a.over == "width" else (1, s.width)
         if (out.num, out.width) != want:

@@ -37,6 +37,7 @@ ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops;
 LOOP_ILP = 4         # nvcc unrolls a simple loop by 4
 ISSUE_WARPS = 8      # resident warps per SM needed to keep the ALUs busy
 PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of cache bandwidth
+SUMEXP_FLOPS = 12    # reduce(sumexp) per element: an exp (scalar.py counts 8), compares, an add
 _DEFAULT_OCC = Occupancy(1 << 20, 1 << 20, 1 << 40, 1 << 20, 1 << 40, 1 << 40, 0)  # no residency limits modelled
 
 
@@ -376,7 +377,8 @@ def _flops(op: GOp, units: np.ndarray, P: Parallel) -> float:
     if isinstance(a, Reduce):
         s = op.inputs[0]
         shuffles = 2 * int(math.log2(max(P.lanes, 1))) * P.lanes * s.num if a.over == "width" and s.width > 1 else 0
-        return float((s.count + shuffles) * len(units))
+        per = SUMEXP_FLOPS if a.fn == "sumexp" else 1
+        return float((s.count * per + shuffles) * len(units))
     return 0.0
 
 

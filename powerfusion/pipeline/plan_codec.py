@@ -37,7 +37,7 @@ def _search_classes():
 _BASE = (Const, Var, BinOp, Select, Load, Parallel, Buffer, MemorySlice, Elementwise, Reduce, Broadcast,
          Move, Sync, GOp, GIRGraph)
 _ENUMS = {"Level": Level, "Scope": Scope}
-_REDUCE_FNS = frozenset({"sum", "max", "min", "prod"})
+_REDUCE_FNS = frozenset({"sum", "max", "min", "prod", "sumexp"})
 
 
 def _classes() -> dict[str, type]:

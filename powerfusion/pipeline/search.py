@@ -6,6 +6,7 @@
     for plans in order of bound, while bound < best and fewer than `beam` rewritten
                                  and the rewriting time stays within `budget_s`:
         optimised = rewrite.optimise(merged)          (the expensive step)
+        its one-pass form (rewrite/onepass.py) where a rule applies: the faster of the two
         drop it if the verifier or the renderer's layout check rejects it
         predicted = predict_seconds(estimate(optimised))
     keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
@@ -344,6 +345,29 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
     c.predicted = predict_seconds(c.estimate, t)
     if not math.isfinite(c.predicted):
         c.note = c.estimate.infeasible or "infeasible"
+        return
+    _one_pass(c, t)
+
+
+def _one_pass(c: _Cand, t: TargetSpec) -> None:
+    """The plan's one-pass form (rewrite/onepass.py: a second statistic in the first one's pass,
+    one more segment loaded per row), kept where the cost model predicts it faster: where the
+    renderer streams the row, a pass less over DRAM; elsewhere the extra load and ops lose.
+    Tried only for plans with a streamed kernel: nothing else can gain (and the verifier and
+    renderer would run twice for every softmax and LayerNorm plan)."""
+    from powerfusion.rewrite.onepass import one_pass_variant
+    if "streamed" not in c.estimate.limits:
+        return
+    variant = one_pass_variant(c.optimised)
+    if variant is None:
+        return
+    g, trace = variant
+    if feasibility(g, t):
+        return
+    e = estimate(g, t)
+    p = predict_seconds(e, t)
+    if p < c.predicted:
+        c.optimised, c.trace, c.estimate, c.predicted = g, c.trace + tuple(trace), e, p
 
 
 # The verifier tracks the last writer of every element; beyond this buffer size the search

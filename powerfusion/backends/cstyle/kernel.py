@@ -40,6 +40,14 @@ def c_float(x: float) -> str:
     return f"{float(x)!r}f"
 
 
+def sumexp_push(m: str, s: str, x: str, dtype: str) -> str:
+    """One element x into a reduce(sumexp) state (running max m, sum s of exp(. - m)): the sum
+    is rescaled when the max grows (online softmax); one exp per element."""
+    t, e = ("double", "exp") if dtype == "float64" else ("float", "expf")
+    return (f"{{ const {t} x_ = {x}; if (x_ > {m}) {{ {s} = {s} * {e}({m} - x_) + ({t})1; {m} = x_; }} "
+            f"else {{ {s} += (x_ == {m}) ? ({t})1 : {e}(x_ - {m}); }} }}")
+
+
 def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
     """(C type, identity, combine template) of a reduction's accumulator for `dtype`."""
     kind = "f" if dtype == "bfloat16" else np.dtype(dtype).kind
@@ -299,6 +307,8 @@ class KernelRenderer:
     def _reduce(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
         fn = op.args.fn
+        if fn == "sumexp":
+            return self._sumexp(op)
         acct, ident, comb = _accumulator(self.dtype(dst), fn)
         lay = self.reg[src.buffer]
         L = self.r.lanes
@@ -335,6 +345,27 @@ class KernelRenderer:
         return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ {acct} acc = {ident};",
                 "  #pragma unroll", f"  for (int i = 0; i < {src.num}; ++i) {body}",
                 f"  {self.ref(dst, 's')} = acc; }}"]
+
+    def _sumexp(self, op: GOp) -> list[str]:
+        """reduce(sumexp) over num: per slot a running max and a rescaled sum (sumexp_push)."""
+        (src,), (dst,) = op.inputs, op.outputs
+        if op.args.over != "num" or self.dtype(dst) not in ("float32", "float64"):
+            raise RenderError(f"reduce(sumexp) over {op.args.over} into {self.dtype(dst)} has no rendering")
+        t = "double" if self.dtype(dst) == "float64" else "float"
+        lay, L, sv = self.reg[src.buffer], self.r.lanes, self._valid(src)
+        start = f"{t} am = -INFINITY, as = ({t})0;"
+        if lay.replicated:
+            push = sumexp_push("am", "as", self.ref(src, "i"), self.dtype(dst))
+            body = f"{{ const int j = 0; if ({sv}) {push} }}" if sv else push
+            return [f"{{ {start}", "#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) {body}",
+                    f"{self.ref(dst, '0')} = as; }}"]
+        per = src.width // L
+        body = sumexp_push("am", "as", self.ref(src, f"i * {per} + s"), self.dtype(dst))
+        if sv:
+            body = (f"{{ const int j = ((s / {lay.vec}) * {L} + lane) * {lay.vec} + s % {lay.vec}; "
+                    f"if ({sv}) {body} }}")
+        return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ {start}", "  #pragma unroll",
+                f"  for (int i = 0; i < {src.num}; ++i) {body}", f"  {self.ref(dst, 's')} = as; }}"]
 
     def _broadcast(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs

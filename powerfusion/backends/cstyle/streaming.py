@@ -192,13 +192,16 @@ def row_view(s: MemorySlice, run: Run) -> MemorySlice:
 
 def render_run(low, run: Run) -> list[str]:
     """C lines of a streamed run (inside the unit's guard, which the caller adds)."""
-    from powerfusion.backends.cstyle.kernel import INSTRUCTIONS, _accumulator
+    from powerfusion.backends.cstyle.kernel import INSTRUCTIONS, _accumulator, sumexp_push
     L = low.r.lanes
     per = run.width // L
     pre, body, post = [], [], []
     for op in run.ops:
         view = replace(op, inputs=tuple(row_view(s, run) for s in op.inputs),
                        outputs=tuple(row_view(s, run) for s in op.outputs))
+        if isinstance(op.args, Reduce) and op.args.fn == "sumexp":
+            pre, body, post = _sumexp_run(low, op, view, per, pre, body, post, sumexp_push)
+            continue
         if isinstance(op.args, Reduce):
             src, dst = view.inputs[0], view.outputs[0]
             acct, ident, comb = _accumulator(low.dtype(dst), op.args.fn)
@@ -219,3 +222,20 @@ def render_run(low, run: Run) -> list[str]:
     unroll = max(UNROLL, min(IN_FLIGHT // max(1, per), run.num))
     return [*pre, f"#pragma unroll {unroll}", f"for (int ri = 0; ri < {run.num}; ++ri) {{",
             *["  " + d for d in decls], *["  " + x for x in body], "}", *post]
+
+
+def _sumexp_run(low, op: GOp, view: GOp, per: int, pre, body, post, push):
+    """A streamed reduce(sumexp): per slot a running max and a rescaled sum across the loop."""
+    src, dst = view.inputs[0], view.outputs[0]
+    t = "double" if low.dtype(dst) == "float64" else "float"
+    m, s = low.ident("am", f"{dst.buffer}_{op.uid}"), low.ident("as", f"{dst.buffer}_{op.uid}")
+    L, vec = low.r.lanes, low.reg[src.buffer].vec
+    pre = pre + [f"{t} {m}[{per}], {s}[{per}];", "#pragma unroll",
+                 f"for (int s = 0; s < {per}; ++s) {{ {m}[s] = -INFINITY; {s}[s] = ({t})0; }}"]
+    take = push(f"{m}[s]", f"{s}[s]", low.ref(src, "s"), low.dtype(dst))
+    sv = low._valid(src)
+    if sv:
+        take = f"{{ const int j = ((s / {vec}) * {L} + lane) * {vec} + s % {vec}; if ({sv}) {take} }}"
+    body = body + ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {take}"]
+    post = post + ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {low.ref(dst, 's')} = {s}[s];"]
+    return pre, body, post

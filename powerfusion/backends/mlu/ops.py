@@ -256,6 +256,8 @@ class OpEmitter:
     def _reduce(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
         fn, over = op.args.fn, op.args.over
+        if fn == "sumexp":
+            raise RenderError("reduce(sumexp) (the one-pass softmax form) has no BANG C rendering yet")
         dt = self.dtype(src)
         g = GRANULE // self.isz(src) if dt in VEC_DTYPES else 0
         if g and dt == self.dtype(dst) and fn in _POOL and self.vec_whole(src, False) and src.width % g == 0:
