@@ -9,7 +9,7 @@ they get no row here (their correctness on CUDA is covered by the GPU tests).
 
 Per model and implementation: device time and per-call latency, and kernel launches.
 - ours: `InferenceSession(onnx, target="cuda", options={"cuda_graph": True})`; device time
-  of one replay of the captured run between CUDA events (median of 30; MatMul / Conv library
+  of back-to-back replays of the captured run between CUDA events (median of 30; MatMul / Conv library
   calls are captured through our own cuBLAS handle where they can be, any other runs eagerly
   between captured pieces and its launch gaps count; `timing_method` says how many), latency =
   wall time of `sess.run` with numpy inputs (host copies included), median;
@@ -46,13 +46,13 @@ def _ours(name: str, feeds: dict):
     sess = InferenceSession(str(ROOT / "models" / "small" / f"{name}.onnx"), target="cuda",
                             options={"cuda_graph": True})
     out = sess.run(None, feeds)[0]
-    runner = sess._executor
     times = graph_replay_times(sess)
     lat = []
     for _ in range(30):
         t0 = time.perf_counter()
         sess.run(None, feeds)
         lat.append(time.perf_counter() - t0)
+    runner = sess._executor
     plan = runner.plan
     kernels = sum(len(s.kernels) for s in plan.kernel_steps) + (len(plan.steps) - len(plan.kernel_steps))
     library = [s.call.node.name for s in plan.library_steps]

@@ -1,0 +1,131 @@
+"""The model zoo of bench_zoo.py: torchvision and transformers architectures with random weights
+(nothing is downloaded), built as torch modules on the GPU and exported to ONNX there.
+
+Weights: seeded random; parameters that default to a constant (zero biases, unit norm scales,
+ViT's zero-initialised head) get small noise (models.weights.perturb_uniform_parameters), and
+BatchNorm statistics come from a few random batches (models.weights.calibrate_batchnorm), so a
+deep random network's output is neither zero nor vanishingly small and a relative error means
+something. Transformers: the base models (hidden states, no LM head), SEQ tokens, built from a
+config (`use_cache=False`) and wrapped so `forward` returns one plain tensor.
+
+Export: the TorchScript exporter at opset 17 first, the dynamo exporter at opset 18 where it
+fails (GPT-2, the LLaMA-style decoder and torchvision's ViT, whose ops it does not know), both
+as torch exports them: no folding or clean-up of ours. fp16 is the module in `.half()`,
+exported so ("fp16 as exported by torch").
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE = (3, 224, 224)
+SEQ = 128
+TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit_b_16",
+               "swin_t")
+TRANSFORMERS = ("bert_base", "gpt2", "llama")
+MODELS = TORCHVISION + TRANSFORMERS
+
+
+@dataclass
+class Built:
+    module: object          # torch.nn.Module on the GPU, eval mode, in the row's dtype
+    args: tuple             # torch tensors on the GPU
+    names: list[str]        # ONNX input names
+
+
+def build(name: str, batch: int, dtype: str) -> Built:
+    """The module and its inputs for one row (module in `dtype`; token ids stay int64)."""
+    import torch
+    from models.weights import calibrate_batchnorm, perturb_uniform_parameters
+    torch.manual_seed(0)
+    if name in TORCHVISION:
+        module = _torchvision(name)
+        perturb_uniform_parameters(module)
+        calibrate_batchnorm(module, torch.randn(4, *IMAGE))
+        x = torch.randn(batch, *IMAGE, generator=torch.Generator().manual_seed(2))
+        args, names = (x,), ["image"]
+    else:
+        module, vocab = _transformers(name)
+        perturb_uniform_parameters(module)
+        ids = torch.randint(0, vocab, (batch, SEQ), generator=torch.Generator().manual_seed(2))
+        args, names = (ids,), ["input_ids"]
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    module = module.eval().cuda().to(torch_dtype)
+    args = tuple(a.cuda().to(torch_dtype) if a.is_floating_point() else a.cuda() for a in args)
+    return Built(module, args, names)
+
+
+def _torchvision(name: str):
+    import torchvision
+    return getattr(torchvision.models, name)(weights=None)
+
+
+def _hidden_states(model):
+    """A module whose forward(input_ids) returns the last hidden state as one tensor (exporters
+    want plain tensor outputs)."""
+    import torch
+
+    class HiddenStates(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+    return HiddenStates()
+
+
+def _transformers(name: str):
+    """(module, vocabulary size): BERT-base and GPT-2 (124M) at their default configs; a
+    LLaMA-style decoder (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention) of four
+    layers at hidden size 1024."""
+    import transformers as tf
+    if name == "bert_base":
+        config = tf.BertConfig()
+        model = tf.BertModel(config, add_pooling_layer=False)
+    elif name == "gpt2":
+        config = tf.GPT2Config()
+        model = tf.GPT2Model(config)
+    elif name == "llama":
+        config = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                                max_position_embeddings=2048)
+        model = tf.LlamaModel(config)
+    else:
+        raise ValueError(f"unknown transformers model {name!r}")
+    config.use_cache = False
+    return _hidden_states(model.eval()), config.vocab_size
+
+
+def export(built: Built, path: Path) -> str:
+    """Writes `path`; returns the exporter that worked (raises with both errors if neither)."""
+    import torch
+    if path.exists():
+        return "cached"
+    tmp = path.with_suffix(".part")
+    try:
+        with torch.no_grad():
+            torch.onnx.export(built.module, built.args, str(tmp), dynamo=False, opset_version=17,
+                              input_names=built.names)
+        os.replace(tmp, path)
+        return "torchscript opset 17"
+    except Exception as first:
+        try:
+            with torch.no_grad():
+                program = torch.onnx.export(built.module, built.args, dynamo=True, opset_version=18,
+                                            input_names=built.names, external_data=False)
+            program.save(str(tmp))
+            os.replace(tmp, path)
+            return "dynamo opset 18"
+        except Exception as second:
+            raise RuntimeError(f"torchscript exporter: {one_line(first)}; dynamo exporter: {one_line(second)}") from None
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    if not text:
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        text = type(e).__name__ + (f" at {Path(where.filename).name}:{where.lineno}" if where else "")
+    return f"{type(e).__name__}: {text}"[:limit]
