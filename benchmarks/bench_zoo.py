@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -304,7 +305,8 @@ def main(argv=None) -> int:
     exports = Path(args.exports or tempfile.mkdtemp(prefix="zoo-onnx-"))
     exports.mkdir(parents=True, exist_ok=True)
     rows, profiles = _previous(out) if args.merge else ([], {})
-    meta = run_metadata(suite="zoo", seq_len=zoo_models.SEQ, image=list(zoo_models.IMAGE), rel_tol=REL_TOL)
+    meta = run_metadata(suite="zoo", seq_len=zoo_models.SEQ, image=list(zoo_models.IMAGE), rel_tol=REL_TOL,
+                        search_budget_s=os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "default (10)"))
     start = time.perf_counter()
     for name in models:
         for dtype in dtypes:

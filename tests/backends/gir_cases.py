@@ -116,7 +116,32 @@ def gather_rows(vocab: int, dim: int, count: int, lanes: int = 32) -> Case:
     return Case(g, feeds, lambda f: {"out": f["table"].reshape(vocab, dim)[f["ids"]]})
 
 
+def roll_rows_add(rows: int, shift: int, lanes: int = 32, vec: int = 4) -> Case:
+    """y[u] = x[(u + shift) % rows] + b[u]: the rolled rows come through two masked moves into one
+    register tile, each owning the units its register mask names (Swin-T's shifted-window roll,
+    a concat of two slices, once rewrites have composed it into the add that reads it)."""
+    G, R = Level.GLOBAL, Level.REGISTER
+    width = lanes * vec
+    num, n = 2, 2 * lanes * vec
+    row = I * width + J
+    head, tail = (U + shift).lt(rows), (U + shift).ge(rows)
+    reg = lambda b, v=None: MemorySlice(b, R, row, num, width, "float32", vec, v)
+    ops = [GOp(Move(), (MemorySlice("x", G, (U + shift) * n + row, num, width, "float32", vec, head),), (reg("xr", head),)),
+           GOp(Move(), (MemorySlice("x", G, (U + shift - rows) * n + row, num, width, "float32", vec, tail),),
+               (reg("xr", tail),)),
+           GOp(Move(), (MemorySlice("b", G, U * n + row, num, width, "float32", vec),), (reg("br"),)),
+           GOp(Elementwise("add"), (reg("xr"), reg("br")), (reg("yr"),)),
+           GOp(Move(), (reg("yr"),), (MemorySlice("y", G, U * n + row, num, width, "float32", vec),))]
+    bufs = (Buffer("x", G, rows * n, "float32"), Buffer("b", G, rows * n, "float32"),
+            Buffer("y", G, rows * n, "float32"), *(Buffer(b, R, n, "float32") for b in ("xr", "br", "yr")))
+    g = GIRGraph(f"roll_rows_add_{rows}x{n}", Parallel(rows, 4, lanes), bufs, _numbered(ops), ("x", "b"), ("y",))
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((rows, n)).astype(np.float32),
+             "b": rng.standard_normal((rows, n)).astype(np.float32)}
+    return Case(g, feeds, lambda f: {"y": np.roll(f["x"].reshape(rows, n), -shift, axis=0) + f["b"].reshape(rows, n)})
+
+
 def all_cases(lanes: int = 32) -> list[Case]:
     return [layernorm_rows(6, 200, "float32", lanes), layernorm_rows(5, 768, "float16", lanes, vec=8),
             layernorm_rows(3, 1000, "bfloat16", lanes, vec=8), transpose_tiled(70, 45, lanes=lanes),
-            gather_rows(50, 48, 9, lanes)]
+            gather_rows(50, 48, 9, lanes), roll_rows_add(14, 11, lanes)]

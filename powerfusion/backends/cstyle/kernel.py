@@ -206,7 +206,11 @@ class KernelRenderer:
         return lines
 
     def _vector_move(self, op: GOp) -> list[str] | None:
-        """16/8/4-byte accesses between a contiguous aligned global slice and registers."""
+        """16/8/4-byte accesses between a contiguous aligned global slice and registers. Both
+        slices' masks count: the global one says which elements exist there, the register one
+        which register elements this move owns (two masked moves may fill one register tile,
+        each its own rows: a concat read through composed moves), so a vector is taken whole
+        only where every element passes both, and the element path writes only owned slots."""
         (src,), (dst,) = op.inputs, op.outputs
         glob, reg = (src, dst) if src.level == Level.GLOBAL else (dst, src)
         if not (glob.level == Level.GLOBAL and reg.level == Level.REGISTER):
@@ -222,38 +226,44 @@ class KernelRenderer:
         gdt, rdt = self.dtype(glob), self.dtype(reg)
         vt = self.r.vector_type[nbytes]
         per = glob.width // (L * vec)
-        gv = self._valid(glob)
+        gv, rv = self._valid(glob), self._valid(reg)
         gaddr = self.expr(substitute(glob.index, {"j": _Raw("j0")}))
         lines = ["#pragma unroll", f"for (int i = 0; i < {glob.num}; ++i)", "#pragma unroll",
                  f"for (int c = 0; c < {per}; ++c) {{",
                  f"  const int j0 = (c * {L} + lane) * {vec}; const int slot0 = i * {glob.width // L} + c * {vec};",
                  f"  const idx_t a0 = {gaddr};"]
         ok = "true"
-        if gv:
+        both = " && ".join(f"({m})" for m in (gv, rv) if m)
+        if both:
             lines.append(f"  bool ok = true;")
             lines.append(f"  #pragma unroll")
-            lines.append(f"  for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; ok = ok && ({gv}); }}")
+            lines.append(f"  for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; ok = ok && {both}; }}")
             ok = "ok"
         gt = self.r.ctype[gdt]
+        elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
         if glob is src:
             fill = self._fill(src.fill, gdt, rdt)
             lines += [f"  if ({ok}) {{ {gt} t[{vec}]; *reinterpret_cast<{vt}*>(t) = "
                       f"*reinterpret_cast<const {vt}*>(&{self.ptr(glob.buffer)}[a0]);",
                       f"    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "
                       f"{self.ref(reg, 'slot0 + v')} = {self.r.convert('t[v]', gdt, rdt)}; }}"]
-            if gv:
-                elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
+            if both:
+                load = self.r.convert(f"{self.ptr(glob.buffer)}[{elem}]", gdt, rdt)
+                val = f"({gv}) ? {load} : {fill}" if gv else load
+                owned = f"if ({rv}) " if rv else ""
                 lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; "
-                          f"{self.ref(reg, 'slot0 + v')} = ({gv}) ? "
-                          f"{self.r.convert(f'{self.ptr(glob.buffer)}[{elem}]', gdt, rdt)} : {fill}; }} }}"]
+                          f"{owned}{self.ref(reg, 'slot0 + v')} = {val}; }} }}"]
         else:
             lines += [f"  if ({ok}) {{ {gt} t[{vec}];", f"    #pragma unroll",
                       f"    for (int v = 0; v < {vec}; ++v) t[v] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)};",
                       f"    *reinterpret_cast<{vt}*>(&{self.ptr(glob.buffer)}[a0]) = *reinterpret_cast<{vt}*>(t); }}"]
-            if gv:
-                elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
-                lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; if ({gv}) "
-                          f"{self.ptr(glob.buffer)}[{elem}] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)}; }} }}"]
+            if both:
+                val = self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)
+                if rv:   # a register element outside its mask is stored as the fill (as the interpreter does)
+                    val = f"({rv}) ? {val} : {self._fill(src.fill, rdt, gdt)}"
+                stored = f"if ({gv}) " if gv else ""
+                lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; {stored}"
+                          f"{self.ptr(glob.buffer)}[{elem}] = {val}; }} }}"]
         lines.append("}")
         return lines
 
