@@ -316,6 +316,8 @@ def main(argv=None) -> int:
                     continue
                 key = (name, batch, dtype)
                 new, prof = bench_case(name, batch, dtype, exports, impls)
+                for r in new:   # merged files mix runs: each row says which
+                    r.update(git_commit=meta["git_commit"], date=meta["date"])
                 rows = [r for r in rows if (r["case"], r["batch"], r["dtype"]) != key] + new
                 if name in profiled and prof:
                     profiles[f"{name} b{batch} {dtype}"] = prof

@@ -47,7 +47,8 @@ def shifted_window_tail() -> onnx.ModelProto:
          helper.make_tensor_value_info("residual", TensorProto.FLOAT, [1, SIDE, SIDE, CHANNELS])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SIDE, SIDE, CHANNELS])],
         [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR version 8 (opset 17 needs no newer): onnxruntime releases older than the installed onnx read it
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _feeds() -> dict:

@@ -18,6 +18,8 @@ CASES = [  # a shape, b shape, trans_a, trans_b
     ((96, 64), (96, 128), True, False),
     ((64, 96), (128, 96), False, True),
     ((3, 64, 96), (96, 40), False, False),          # weight broadcast over the batch
+    ((197, 1, 48), (40, 48), False, True),          # one-row products sharing a weight: one GEMM
+    ((3, 96, 64), (96, 40), True, False),           # A transposed per batch, weight broadcast
     ((2, 3, 5, 32), (2, 3, 32, 7), False, False),   # both batched
     ((1, 17, 33), (4, 33, 9), False, False),        # left operand broadcast
 ]
