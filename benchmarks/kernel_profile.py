@@ -114,6 +114,8 @@ def markdown(title: str, meta: dict, profiles: dict[str, dict[str, dict]]) -> st
             c = s["categories"]
             cells = [f"{c[k]['us']:.0f} ({c[k]['kernels']:g})" for k in CATEGORIES[:3]] + [f"{c['gaps']['us']:.0f}"]
             lines.append(f"| {case} | {impl} | {s['span_us']:.0f} | " + " | ".join(cells) + " |")
+    if meta.get("findings"):
+        lines += ["", "What it shows:", ""] + [f"- {f}" for f in meta["findings"]]
     for case, impls in profiles.items():
         for impl, s in impls.items():
             if "top" not in s:
