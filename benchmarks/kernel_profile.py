@@ -2,7 +2,7 @@
 sorted into categories, the same way for PowerFusion and for torch.
 
 Categories (by kernel name; `categorize` is the one place that decides):
-- library: GEMM / convolution kernels of cuBLAS, cuDNN, CUTLASS and Inductor's GEMM templates,
+- library: GEMM / GEMV / convolution kernels of cuBLAS, cuDNN, CUTLASS and Inductor's GEMM templates,
   and our im2col kernel (it exists only to feed a GEMM);
 - memory-bound: every other kernel (our generated kernels, Inductor's pointwise / reduction
   kernels, torch eager's elementwise and normalisation kernels);
@@ -16,11 +16,13 @@ inside graph launches), so gaps are what the device actually idles, not Python o
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 CATEGORIES = ("library", "memory-bound", "copies", "gaps")
-_LIBRARY = ("gemm", "xmma", "cutlass", "cublas", "sgemm", "hgemm", "implicit_convolve", "conv", "fprop",
+_LIBRARY = ("gemm", "gemv", "xmma", "cutlass", "cublas", "sgemm", "hgemm", "implicit_convolve", "conv", "fprop",
             "triton_tem", "nvjet", "pf_im2col", "splitkreduce", "wgmma", "dot_kernel")
+_OURS = re.compile(r"sg\d+_k\d+")
 _COPIES = ("memcpy", "memset", "copy_kernel", "nchwtonhwc", "nhwctonchw", "direct_copy", "cat_array")
 
 
@@ -39,7 +41,7 @@ def categorize(name: str) -> str:
     low = name.lower()
     if low.startswith("triton_"):   # Inductor: GEMM templates are "triton_tem_*", the rest generated
         return "library" if low.startswith("triton_tem") else "memory-bound"
-    if low.startswith("pf_") and not low.startswith("pf_im2col"):   # ours, named after subgraphs
+    if _OURS.fullmatch(name):   # ours: kernel k of subgraph N
         return "memory-bound"
     if any(k in low for k in _COPIES):
         return "copies"
