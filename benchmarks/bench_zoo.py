@@ -104,6 +104,9 @@ def run_ours(path: Path, built, ref: np.ndarray, dtype: str) -> tuple[dict, dict
         row["kernels"], row["library_calls"], prof = _launch_counts(runner._replay,
                                                                     torch.cuda.synchronize)
         row["timing_method"] = _pieces_note(runner)
+        routes = list(getattr(runner, "conv_routes", {}).values())
+        row["convs_im2col"] = sum(r.startswith("im2col") for r in routes)   # the rest through cuDNN
+        row["convs_cudnn"] = len(routes) - row["convs_im2col"]
         return row, prof
     except Exception as e:
         row["error"] = f"{stage}: {_one_line(e)}"
