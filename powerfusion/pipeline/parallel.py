@@ -1,0 +1,125 @@
+"""Plan search for all of a model's subgraphs before the pipeline assembles them:
+`search_all(subgraphs, graph, target, ...)`.
+
+    keys      = the structural key of every subgraph (plancache.structural_key)
+    distinct  = the first subgraph of each key whose decision is not cached yet
+    search    each distinct one once (search.choose_plan), over `workers` forked processes
+              (concurrent.futures), or in this process with one worker
+    adopt     each worker's decision into the plan cache (memory and disk), where the
+              pipeline's own choose_plan per subgraph then finds it
+
+Identical subgraphs (same ops, arguments, shapes and dtypes, whatever their names) are
+searched once. The search's budget counts evaluated plans (search.plan_budget), so a
+decision does not depend on which process made it or on how many there were: the same
+model gets the same plans with one worker or sixteen (tests/perfmodel/test_search_parallel.py).
+Workers are forked, so they share the imported model (weights included) with this process
+instead of receiving a pickled copy; each returns its decision as a plan-cache entry (JSON
+text, plancache.entry_text). A subgraph whose search fails in a worker is left to the
+pipeline, which searches it again here and reports the failure with its step.
+
+The progress bar (powerfusion.progress: a terminal at verbose >= 1) counts distinct searches
+and names the subgraphs being searched.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+from powerfusion.basic import BasicGraph, Subgraph
+from powerfusion.pipeline import plancache
+from powerfusion.targets.specs import TargetSpec
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # no affinity call on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def pending_searches(subgraphs, graph: BasicGraph, t: TargetSpec) -> list[tuple[str, Subgraph]]:
+    """(key, first subgraph) for each structural key whose decision is in no cache yet."""
+    out: dict[str, Subgraph] = {}
+    for sub in subgraphs:
+        key = plancache.structural_key(sub, graph, t)
+        if key not in out and not plancache.has(key):
+            out[key] = sub
+    return list(out.items())
+
+
+def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0, progress: bool | None = None,
+               **search_kw) -> int:
+    """Search every distinct uncached subgraph once, so that the pipeline's choose_plan per
+    subgraph finds each decision cached. Returns how many searches ran."""
+    todo = pending_searches(subgraphs, graph, t)
+    if not todo:
+        return 0
+    workers = min(workers or default_workers(), len(todo))
+    from powerfusion.progress import progress_bar
+    bar = progress_bar(total=len(todo), desc="plan search", unit="subgraph", enabled=progress)
+    try:
+        if workers <= 1:
+            _search_here(todo, graph, t, bar, search_kw)
+        else:
+            _search_forked(todo, graph, t, workers, bar, search_kw)
+    finally:
+        bar.close()
+    return len(todo)
+
+
+def _search_here(todo, graph, t, bar, search_kw) -> None:
+    from powerfusion.pipeline.search import choose_plan
+    for key, sub in todo:
+        bar.set_postfix_str(sub.name)
+        try:
+            choose_plan(sub, graph, t, progress=False, **search_kw)   # stores the decision
+        except Exception:   # the pipeline searches it again and reports the failure with its step
+            pass
+        bar.update(1)
+
+
+_SHARED: tuple = ()   # (todo, graph, target, search keywords), inherited by the forked workers
+
+
+def _search_forked(todo, graph, t, workers: int, bar, search_kw) -> None:
+    import multiprocessing as mp
+    global _SHARED
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:   # no fork on this platform: one process
+        _search_here(todo, graph, t, bar, search_kw)
+        return
+    _SHARED = (todo, graph, t, search_kw)
+    running: dict = {}
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            queue = list(range(len(todo)))
+            while queue or running:
+                # no more tasks in flight than workers, so the bar names what is being searched
+                while queue and len(running) < workers:
+                    k = queue.pop(0)
+                    running[pool.submit(_worker, k)] = k
+                bar.set_postfix_str(", ".join(todo[k][1].name for k in sorted(running.values())))
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    k = running.pop(future)
+                    text = None if future.exception() is not None else future.result()
+                    if text is not None:
+                        plancache.adopt(todo[k][0], text)
+                    bar.update(1)
+    finally:
+        _SHARED = ()
+
+
+def _worker(k: int) -> str | None:
+    """One search in a forked worker: the decision as a plan-cache entry, or None if it failed."""
+    from dataclasses import replace
+    from powerfusion.pipeline.search import choose_plan
+    todo, graph, t, search_kw = _SHARED
+    key, sub = todo[k]
+    try:
+        choice = choose_plan(sub, graph, t, progress=False, cache=False, **search_kw)
+    except Exception:   # the pipeline searches it again in the parent and reports it there
+        return None
+    return plancache.stored_text(key, replace(choice, key=key), plancache.names_of(sub, graph, t))
