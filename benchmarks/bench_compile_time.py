@@ -5,8 +5,9 @@
 
 `export` writes the benchmark's models with random weights: torchvision's resnet18,
 mobilenet_v2, efficientnet_b0 and densenet121 (as `models/export_zoo.py` exports them: the
-TorchScript exporter at opset 17, nothing folded) and BERT-base (`models/build.py`, 12 layers,
-sequence 128). `measure` runs `powerfusion compile MODEL --target T` in a fresh process per
+TorchScript exporter at opset 17, nothing folded), BERT-base (`models/build.py`, 12 layers,
+sequence 128), and one LayerNormalization at 32768 x 1024 and 32768 x 16384 (build time must
+not grow with the tensor). `measure` runs `powerfusion compile MODEL --target T` in a fresh process per
 run: cold with an empty cache folder (plan search, rendering), then warm twice with the same
 cache folder (the compiled result is found by the model's hash). The CUDA target needs no
 GPU to compile: its plan search ranks plans with the cost model, and nvcc is not run.
@@ -33,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TORCHVISION = ("resnet18", "mobilenet_v2", "efficientnet_b0", "densenet121")
-MODELS = TORCHVISION + ("bert_base",)
+LAYERNORMS = ((32768, 1024), (32768, 16384))   # build time must not grow with the tensor
+MODELS = TORCHVISION + ("bert_base",) + tuple(f"layernorm_{r}x{c}" for r, c in LAYERNORMS)
 COLD_GOAL_S, WARM_GOAL_S = 30.0, 1.0
 _STEP = re.compile(r"^\s+(\w[\w ]*?)\s+([\d.]+) s\b")   # a --timings line
 
@@ -47,6 +49,21 @@ def export(out: Path) -> None:
         model, args, names = torchvision_model(name)
         print(name, export_model(model, args, names, out / f"{name}.onnx"), flush=True)
     build(out, small=False, keys=["bert"])
+    for rows, cols in LAYERNORMS:
+        layernorm_model(rows, cols, out / f"layernorm_{rows}x{cols}.onnx")
+
+
+def layernorm_model(rows: int, cols: int, path: Path) -> None:
+    """One LayerNormalization over the last axis of a rows x cols float32 input."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    params = [numpy_helper.from_array(rng.standard_normal(cols).astype(np.float32), n) for n in ("scale", "bias")]
+    node = helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=-1, epsilon=1e-5)
+    graph = helper.make_graph([node], "layernorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, cols])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cols])], params)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
 def measure_one(model: Path, target: str, cache: Path) -> dict:
@@ -87,13 +104,13 @@ def _commit() -> str:
     return r.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
-def write(rows: list[dict], label: str, workers: str) -> None:
+def write(rows: list[dict], label: str, workers: str, commit: str | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "compile-time.json"
     doc = json.loads(path.read_text()) if path.is_file() else {}
     runs = doc.get("runs", {})
     runs[label] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                   "commit": _commit(), "machine": f"{os.cpu_count()} cores, {platform.machine()}, no GPU, "
+                   "commit": commit or _commit(), "machine": f"{os.cpu_count()} cores, {platform.machine()}, no GPU, "
                    f"Python {platform.python_version()}", "search_workers": workers, "rows": rows}
     doc = {"suite": "compile time, powerfusion compile per target", "goals": {"cold_s": COLD_GOAL_S,
            "warm_s": WARM_GOAL_S}, "runs": runs}
@@ -130,12 +147,13 @@ def main() -> int:
     m.add_argument("--targets", nargs="+", default=["cuda", "cpu"])
     m.add_argument("--only", nargs="+", default=list(MODELS))
     m.add_argument("--label", default="current")
+    m.add_argument("--commit", help="the commit measured, where this tree is not a git checkout")
     args = ap.parse_args()
     if args.cmd == "export":
         export(args.out)
         return 0
     rows = measure(args.models, args.targets, args.only)
-    write(rows, args.label, os.environ.get("POWERFUSION_SEARCH_WORKERS", "default"))
+    write(rows, args.label, os.environ.get("POWERFUSION_SEARCH_WORKERS", "default"), args.commit)
     return 0
 
 

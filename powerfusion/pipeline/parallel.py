@@ -23,7 +23,7 @@ and names the subgraphs being searched.
 from __future__ import annotations
 
 import os
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
 
 from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.pipeline import plancache
@@ -91,25 +91,32 @@ def _search_forked(todo, graph, t, workers: int, bar, search_kw) -> None:
         _search_here(todo, graph, t, bar, search_kw)
         return
     _SHARED = (todo, graph, t, search_kw)
-    running: dict = {}
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            queue = list(range(len(todo)))
-            while queue or running:
-                # no more tasks in flight than workers, so the bar names what is being searched
-                while queue and len(running) < workers:
-                    k = queue.pop(0)
-                    running[pool.submit(_worker, k)] = k
-                bar.set_postfix_str(", ".join(todo[k][1].name for k in sorted(running.values())))
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    k = running.pop(future)
-                    text = None if future.exception() is not None else future.result()
-                    if text is not None:
-                        plancache.adopt(todo[k][0], text)
-                    bar.update(1)
+        _run_pool(todo, workers, ctx, bar)
+    except BrokenExecutor:   # a worker died (killed, out of memory): the pipeline searches what is missing here
+        pass
     finally:
         _SHARED = ()
+
+
+def _run_pool(todo, workers: int, ctx, bar) -> None:
+    """The distinct searches over `workers` processes, no more in flight than workers (so the
+    bar names what is being searched); each finished decision adopted into the plan cache."""
+    running: dict = {}   # future -> index in todo
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        queue = list(range(len(todo)))
+        while queue or running:
+            while queue and len(running) < workers:
+                k = queue.pop(0)
+                running[pool.submit(_worker, k)] = k
+            bar.set_postfix_str(", ".join(todo[k][1].name for k in sorted(running.values())))
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                k = running.pop(future)
+                text = None if future.exception() is not None else future.result()
+                if text is not None:
+                    plancache.adopt(todo[k][0], text)
+                bar.update(1)
 
 
 def _worker(k: int) -> str | None:
