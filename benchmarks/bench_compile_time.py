@@ -9,7 +9,9 @@ TorchScript exporter at opset 17, nothing folded), BERT-base (`models/build.py`,
 sequence 128), and one LayerNormalization at 32768 x 1024 and 32768 x 16384 (build time must
 not grow with the tensor). `measure` runs `powerfusion compile MODEL --target T` in a fresh process per
 run: cold with an empty cache folder (plan search, rendering), then warm twice with the same
-cache folder (the compiled result is found by the model's hash). The CUDA target needs no
+cache folder (the compiled result is found by the model's hash). Target `cpu-session` times
+building `InferenceSession(model, target="cpu")` the same way (the CPU session's default plans
+and its C build; warm: plan decisions and compiled C from the cache). The CUDA target needs no
 GPU to compile: its plan search ranks plans with the cost model, and nvcc is not run.
 
 Each run records wall seconds, the machine's load average before it, and the per-step
@@ -37,6 +39,7 @@ TORCHVISION = ("resnet18", "mobilenet_v2", "efficientnet_b0", "densenet121")
 LAYERNORMS = ((32768, 1024), (32768, 16384))   # build time must not grow with the tensor
 MODELS = TORCHVISION + ("bert_base",) + tuple(f"layernorm_{r}x{c}" for r, c in LAYERNORMS)
 COLD_GOAL_S, WARM_GOAL_S = 30.0, 1.0
+SESSION = "cpu-session"   # InferenceSession(model, target="cpu") built in a fresh process
 _STEP = re.compile(r"^\s+(\w[\w ]*?)\s+([\d.]+) s\b")   # a --timings line
 
 
@@ -69,8 +72,12 @@ def layernorm_model(rows: int, cols: int, path: Path) -> None:
 def measure_one(model: Path, target: str, cache: Path) -> dict:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model), "--target", target,
-               "-o", str(Path(tmp) / "out"), "--timings", "-q"]
+        if target == SESSION:
+            cmd = [sys.executable, "-c", "import sys; from powerfusion import InferenceSession; "
+                   "InferenceSession(sys.argv[1], target='cpu')", str(model)]
+        else:
+            cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model), "--target", target,
+                   "-o", str(Path(tmp) / "out"), "--timings", "-q"]
         env = {**os.environ, "POWERFUSION_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
         t0 = time.perf_counter()
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -12,8 +12,10 @@
 
 `powerfusion compile`, both InferenceSession targets, `powerfusion inspect --gir` and the
 visualiser all run this function and observe what they need through an `Observer`; nothing
-else chains these steps (docs/design.md). Identical subgraphs (by structure) are searched once
-(the plan cache); `Plan.timings` holds the seconds spent in each step.
+else chains these steps (docs/design.md). With choose="search", every distinct subgraph (by
+structure) is searched once, before the per-subgraph loop, across worker processes
+(parallel.py); the loop then finds each decision in the plan cache. `Plan.timings` holds the
+seconds spent in each step.
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0,
 def _search_here(todo, graph, t, bar, search_kw) -> None:
     from powerfusion.pipeline.search import choose_plan
     for key, sub in todo:
-        bar.set_postfix_str(sub.name)
+        bar.set_postfix_str(f"searching {sub.name}")
         try:
             choose_plan(sub, graph, t, progress=False, **search_kw)   # stores the decision
         except Exception:   # the pipeline searches it again and reports the failure with its step
@@ -109,7 +109,7 @@ def _run_pool(todo, workers: int, ctx, bar) -> None:
             while queue and len(running) < workers:
                 k = queue.pop(0)
                 running[pool.submit(_worker, k)] = k
-            bar.set_postfix_str(", ".join(todo[k][1].name for k in sorted(running.values())))
+            bar.set_postfix_str("searching " + ", ".join(todo[k][1].name for k in sorted(running.values())))
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 k = running.pop(future)

@@ -83,3 +83,14 @@ def _partition(graph):
 def _cuda():
     from powerfusion.targets.specs import get_target
     return get_target("cuda")
+
+
+def test_search_settings_from_the_environment():
+    from powerfusion.errors import PowerFusionError
+    from powerfusion.options import _from_environment
+    opts = _from_environment({"POWERFUSION_SEARCH_WORKERS": "3", "POWERFUSION_SEARCH_PLANS": "5",
+                              "POWERFUSION_SEARCH_BUDGET_S": "2.5"})
+    assert (opts.search_workers, opts.search_plans, opts.search_budget_s) == (3, 5, 2.5)
+    assert _from_environment({}).search_workers == 0 and _from_environment({}).search_plans is None
+    with pytest.raises(PowerFusionError, match="POWERFUSION_SEARCH_WORKERS"):
+        _from_environment({"POWERFUSION_SEARCH_WORKERS": "many"})
