@@ -12,8 +12,8 @@
 
 `powerfusion compile`, both InferenceSession targets, `powerfusion inspect --gir` and the
 visualiser all run this function and observe what they need through an `Observer`; nothing
-else chains these steps (docs/design.md). With choose="search", every distinct subgraph (by
-structure) is searched once, before the per-subgraph loop, across worker processes
+else chains these steps (docs/design.md). With choose="search" (or "default"), every distinct
+subgraph (by structure) is decided once, before the per-subgraph loop, across worker processes
 (parallel.py); the loop then finds each decision in the plan cache. `Plan.timings` holds the
 seconds spent in each step.
 """
@@ -74,10 +74,10 @@ def compile(model, target: str = "cuda", options: CompileOptions = CompileOption
     renderer = backend(planned.backend).load_renderer() if options.render else None
     items = [_to_compile(item, graph, options) for item in part.steps]
     items = [item for item in items if item is not None]
-    if options.choose == "search" and not options.tune:
+    if options.choose in ("search", "default") and not options.tune:
         with timer("search"):   # every distinct subgraph once, across processes (parallel.py)
             search_all([x for x in items if isinstance(x, Subgraph)], graph, planned, workers=_workers(options),
-                       **search_limits())
+                       how=options.choose, **(search_limits() if options.choose == "search" else {}))
     steps, count, total = [], 0, len(part.subgraphs)
     for item in items:
         if isinstance(item, LibraryCall):

@@ -3,7 +3,8 @@
 
     keys      = the structural key of every subgraph (plancache.structural_key)
     distinct  = the first subgraph of each key whose decision is not cached yet
-    search    each distinct one once (search.choose_plan), over `workers` forked processes
+    search    each distinct one once (search.choose_plan, or for the CPU session
+              choose.choose_default), over `workers` forked processes
               (concurrent.futures), or in this process with one worker
     adopt     each worker's decision into the plan cache (memory and disk), where the
               pipeline's own choose_plan per subgraph then finds it
@@ -49,31 +50,47 @@ def pending_searches(subgraphs, graph: BasicGraph, t: TargetSpec) -> list[tuple[
 
 
 def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0, progress: bool | None = None,
-               **search_kw) -> int:
-    """Search every distinct uncached subgraph once, so that the pipeline's choose_plan per
-    subgraph finds each decision cached. Returns how many searches ran."""
+               how: str = "search", **search_kw) -> int:
+    """Decide every distinct uncached subgraph once, so that the pipeline's choice per subgraph
+    finds each decision cached. `how`: "search" (search.choose_plan, with `search_kw`) or
+    "default" (choose.choose_default: the default plan, rewritten). Returns how many ran."""
     todo = pending_searches(subgraphs, graph, t)
     if not todo:
         return 0
     workers = min(workers or default_workers(), len(todo))
     from powerfusion.progress import progress_bar
-    bar = progress_bar(total=len(todo), desc="plan search", unit="subgraph", enabled=progress)
+    bar = progress_bar(total=len(todo), desc="plan search" if how == "search" else "lowering to GIR",
+                       unit="subgraph", enabled=progress)
+    decide = _DECIDERS[how]
     try:
         if workers <= 1:
-            _search_here(todo, graph, t, bar, search_kw)
+            _search_here(todo, graph, t, bar, decide, search_kw)
         else:
-            _search_forked(todo, graph, t, workers, bar, search_kw)
+            _search_forked(todo, graph, t, workers, bar, decide, search_kw)
     finally:
         bar.close()
     return len(todo)
 
 
-def _search_here(todo, graph, t, bar, search_kw) -> None:
+def _searched(sub, graph, t, cache: bool, search_kw):
     from powerfusion.pipeline.search import choose_plan
+    return choose_plan(sub, graph, t, progress=False, cache=cache, **search_kw)
+
+
+def _default(sub, graph, t, cache: bool, search_kw):
+    import contextlib
+    from powerfusion.pipeline.choose import choose_default
+    return choose_default(sub, graph, t, lambda name: contextlib.nullcontext())   # stores the decision
+
+
+_DECIDERS = {"search": _searched, "default": _default}
+
+
+def _search_here(todo, graph, t, bar, decide, search_kw) -> None:
     for key, sub in todo:
         bar.set_postfix_str(f"searching {sub.name}")
         try:
-            choose_plan(sub, graph, t, progress=False, **search_kw)   # stores the decision
+            decide(sub, graph, t, True, search_kw)   # stores the decision
         except Exception:   # the pipeline searches it again and reports the failure with its step
             pass
         bar.update(1)
@@ -82,15 +99,15 @@ def _search_here(todo, graph, t, bar, search_kw) -> None:
 _SHARED: tuple = ()   # (todo, graph, target, search keywords), inherited by the forked workers
 
 
-def _search_forked(todo, graph, t, workers: int, bar, search_kw) -> None:
+def _search_forked(todo, graph, t, workers: int, bar, decide, search_kw) -> None:
     import multiprocessing as mp
     global _SHARED
     try:
         ctx = mp.get_context("fork")
     except ValueError:   # no fork on this platform: one process
-        _search_here(todo, graph, t, bar, search_kw)
+        _search_here(todo, graph, t, bar, decide, search_kw)
         return
-    _SHARED = (todo, graph, t, search_kw)
+    _SHARED = (todo, graph, t, decide, search_kw)
     try:
         _run_pool(todo, workers, ctx, bar)
     except BrokenExecutor:   # a worker died (killed, out of memory): the pipeline searches what is missing here
@@ -122,11 +139,10 @@ def _run_pool(todo, workers: int, ctx, bar) -> None:
 def _worker(k: int) -> str | None:
     """One search in a forked worker: the decision as a plan-cache entry, or None if it failed."""
     from dataclasses import replace
-    from powerfusion.pipeline.search import choose_plan
-    todo, graph, t, search_kw = _SHARED
+    todo, graph, t, decide, search_kw = _SHARED
     key, sub = todo[k]
     try:
-        choice = choose_plan(sub, graph, t, progress=False, cache=False, **search_kw)
+        choice = decide(sub, graph, t, False, search_kw)
     except Exception:   # the pipeline searches it again in the parent and reports it there
         return None
     return plancache.stored_text(key, replace(choice, key=key), plancache.names_of(sub, graph, t))

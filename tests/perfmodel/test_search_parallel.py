@@ -29,8 +29,8 @@ def model():
     return import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
 
 
-def _plans(graph, workers: int):
-    plan = compile(graph, "cuda", CompileOptions(workers=workers, render=False))
+def _plans(graph, workers: int, choose: str = "search"):
+    plan = compile(graph, "cuda", CompileOptions(workers=workers, render=False, choose=choose))
     return [(s.subgraph.name, tuple(label for _, label in s.gir.templates), s.gir.ops) for s in plan.kernel_steps]
 
 
@@ -53,13 +53,14 @@ def test_identical_subgraphs_are_searched_once(model, tmp_path, monkeypatch):
     assert {s.buffer for op in ops_a for s in op.inputs} != {s.buffer for op in ops_b for s in op.inputs}
 
 
-def test_parallel_search_chooses_what_one_process_chooses(model, tmp_path):
+@pytest.mark.parametrize("choose", ["search", "default"])
+def test_parallel_search_chooses_what_one_process_chooses(model, tmp_path, choose):
     with _fresh(tmp_path, "serial"):
-        serial = _plans(model, workers=1)
+        serial = _plans(model, workers=1, choose=choose)
     with _fresh(tmp_path, "forked"):
         todo = parallel.pending_searches([s for s in _partition(model).subgraphs], model, _cuda())
         assert len(todo) == 2
-        forked = _plans(model, workers=2)
+        forked = _plans(model, workers=2, choose=choose)
         assert all(plancache.has(k) for k, _ in todo)   # the workers' decisions were adopted
     assert [(n, labels) for n, labels, _ in serial] == [(n, labels) for n, labels, _ in forked]
     assert [ops for *_, ops in serial] == [ops for *_, ops in forked]
