@@ -7,9 +7,10 @@
                                  (and `plans` in all, with the polish below):
         optimised = rewrite.optimise(merged)          (the expensive step)
         its one-pass form (rewrite/onepass.py) where a rule applies: the faster of the two
-        drop it if the verifier or the renderer's layout check rejects it
+        drop it if the renderer's layout check rejects it
         predicted = predict_seconds(estimate(optimised))
-    keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
+    keep the best that the verifier accepts (with tune=True: verify the top-k, time them on
+    the device, keep the fastest)
     if every rewritten plan was rejected: the best feasible merged plan, as lowered (noted)
 
 The budget is a count of evaluated (rewritten and predicted) plans, `plans` (SEARCH_PLANS;
@@ -205,6 +206,8 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
         spent, extra, polished = _polish(sub, graph, t, ctx, cands, spent, slowest, budget_s, polish)
         rewritten, pruned = rewritten + extra, pruned + polished - extra
     valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
+    valid, rejected = _verified(valid, TOP_K if tune else 1)
+    infeasible += rejected
     budget_note = "" if not unsearched else (
         f"time cap: rewrote {rewritten} of {len(cands)} lowered plans in {spent:.1f} s (slowest "
         f"{slowest:.1f} s, cap {budget_s:g} s); {unsearched} not tried, so a better plan may exist; ")
@@ -357,7 +360,7 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
         c.note = f"rewrite: {type(e).__name__}: {e}"[:300]
         return
     c.optimised, c.trace = g, tuple(trace)
-    reason = feasibility(g, t)
+    reason = feasibility(g, t, verify=False)   # the verifier runs on the plans that can win (_verified)
     if reason:
         c.note = reason
         return
@@ -395,14 +398,13 @@ def _one_pass(c: _Cand, t: TargetSpec) -> None:
 VERIFY_MAX_ELEMENTS = 1 << 23
 
 
-def feasibility(g: GIRGraph, t: TargetSpec) -> str:
-    """'' when the graph verifies and (for C-style GPU targets) the renderer accepts its layouts."""
-    from powerfusion.gir.verifier import GIRVerifyError, verify
-    if max((b.size for b in g.buffers), default=0) <= VERIFY_MAX_ELEMENTS:
-        try:
-            verify(g)
-        except GIRVerifyError as e:
-            return f"verifier: {e}"[:300]
+def feasibility(g: GIRGraph, t: TargetSpec, verify: bool = True) -> str:
+    """'' when the graph verifies (verify=False: not checked here) and (for C-style GPU targets)
+    the renderer accepts its layouts."""
+    if verify:
+        reason = verification(g)
+        if reason:
+            return reason
     renderer = _renderer(t)
     if renderer is not None:
         from powerfusion.backends.source import RenderError
@@ -411,6 +413,34 @@ def feasibility(g: GIRGraph, t: TargetSpec) -> str:
         except RenderError as e:
             return f"renderer: {e}"[:300]
     return ""
+
+
+def verification(g: GIRGraph) -> str:
+    """'' when the verifier accepts the graph (or its buffers are past VERIFY_MAX_ELEMENTS)."""
+    from powerfusion.gir.verifier import GIRVerifyError, verify
+    if max((b.size for b in g.buffers), default=0) <= VERIFY_MAX_ELEMENTS:
+        try:
+            verify(g)
+        except GIRVerifyError as e:
+            return f"verifier: {e}"[:300]
+    return ""
+
+
+def _verified(ranked: list[_Cand], need: int) -> tuple[list[_Cand], int]:
+    """The ranked candidates less those the verifier rejects among the first `need` that pass.
+    The verifier simulates every element, the search's most expensive check: it runs on the
+    plans that can be picked (the best, or the top-k that tuning times), not on every plan
+    rewritten. Returns (candidates, how many were rejected)."""
+    out, rejected, passed = [], 0, 0
+    for c in ranked:
+        if passed < need:
+            reason = verification(c.optimised)
+            if reason:
+                c.note, rejected = reason, rejected + 1
+                continue
+            passed += 1
+        out.append(c)
+    return out, rejected
 
 
 def _renderer(t: TargetSpec):
