@@ -47,7 +47,7 @@ TOP_K = 8
 REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
 PROGRESS_MIN = 12   # show a progress bar from this many candidates on
 SEARCH_PLANS = 14   # evaluated plans per subgraph: the beam (8) and the anchor polish (6) together
-PLAN_WORK = 4000    # gOperators rewritten per subgraph (plans x merged size) before the count shrinks
+PLAN_WORK = 2000    # gOperators rewritten per subgraph (plans x merged size) before the count shrinks
 # wall seconds per subgraph beyond which alternatives are not tried: a safety cap that a
 # normal search never reaches (POWERFUSION_SEARCH_BUDGET_S overrides)
 SEARCH_CAP_S = 120.0
