@@ -345,7 +345,14 @@ def member_mask(values: np.ndarray, units: np.ndarray) -> np.ndarray:
 def _unit_range(units: int) -> np.ndarray:
     u = np.arange(units, dtype=np.int64)
     u.flags.writeable = False
+    # its key without hashing it: 0..units-1 (a CPU plan can have a hundred million units)
+    _KEYS_BY_ID[id(u)] = (u, _range_key(units))
+    _SORTED_BY_ID[id(u)] = (u, True)
     return u
+
+
+def _range_key(units: int) -> tuple:
+    return (0,) if units == 0 else (units, 0, units - 1, b"range")
 
 
 @lru_cache(maxsize=64)
