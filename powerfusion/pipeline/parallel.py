@@ -96,7 +96,7 @@ def _search_here(todo, graph, t, bar, decide, search_kw) -> None:
         bar.update(1)
 
 
-_SHARED: tuple = ()   # (todo, graph, target, search keywords), inherited by the forked workers
+_SHARED: tuple = ()   # (todo, graph, target, decide, search keywords), inherited by the forked workers
 
 
 def _search_forked(todo, graph, t, workers: int, bar, decide, search_kw) -> None:
