@@ -87,12 +87,13 @@ def compile_key(model_path: str, target: str, shapes: dict | None, extension: st
     """(key, seconds spent hashing the model)."""
     import numpy
     from importlib import metadata
+    from powerfusion import options
     t0 = time.perf_counter()
     model_digest = file_digest(model_path)
     seconds = time.perf_counter() - t0
     parts = {"format": FORMAT, "model": model_digest, "target": target, "extension": extension,
              "shapes": sorted((k, list(v)) for k, v in (shapes or {}).items()),
-             "search_budget_s": os.environ.get("POWERFUSION_SEARCH_BUDGET_S", ""),
+             "search": [options.current().search_plans, options.current().search_budget_s],
              "code": code_version(), "python": list(sys.version_info[:2]), "numpy": numpy.__version__,
              "onnx": metadata.version("onnx")}
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))

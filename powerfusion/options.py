@@ -7,7 +7,8 @@ reads `powerfusion.options.current()`. Change settings for a block of code with
         ...
 
 Known environment variables: POWERFUSION_CACHE_DIR, POWERFUSION_VERBOSE,
-POWERFUSION_TARGET, POWERFUSION_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix).
+POWERFUSION_TARGET, POWERFUSION_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix),
+POWERFUSION_SEARCH_PLANS, POWERFUSION_SEARCH_BUDGET_S, POWERFUSION_SEARCH_WORKERS.
 
 `fp32_matmul` picks how a CUDA session runs fp32 MatMul / Gemm / Conv (docs/ape.md): "fp32"
 (default, cuBLAS SGEMM) or one of Ape's emulations on tensor cores, "auto", "fp32-f",
@@ -34,7 +35,11 @@ class Options:
     target: str = "cpu"      # default target of InferenceSession and the CLI
     cuda_graph: bool = False  # cuda target: replay each run as a captured CUDA graph
     device_id: int = 0        # cuda target: which GPU
-    search_budget_s: float | None = None  # seconds of plan search per subgraph (None: the search's default)
+    # plan search per subgraph (pipeline/search.py): how many plans are rewritten and predicted
+    # (None: the search's default), and a wall-clock safety cap in seconds (None: the default)
+    search_plans: int | None = None
+    search_budget_s: float | None = None
+    search_workers: int = 0  # processes searching a model's subgraphs at once (0: the usable cores)
     intra_op_threads: int = 0  # cpu target: BLAS threads during a run (0: the library's default)
     # most bytes a model may declare (its tensors together, the CPU session keeps them all):
     # a larger one is refused at import, before anything is allocated; default 3/4 of RAM
@@ -93,7 +98,24 @@ def _from_environment(env=os.environ) -> Options:
     limit = env.get("POWERFUSION_MEMORY_LIMIT")
     return Options(cache_dir=Path(cache).expanduser(), verbose=level,
                    target=env.get("POWERFUSION_TARGET", "cpu"),
-                   memory_limit=parse_bytes(limit) if limit else default_memory_limit())
+                   memory_limit=parse_bytes(limit) if limit else default_memory_limit(),
+                   search_plans=_number(env, "POWERFUSION_SEARCH_PLANS", int),
+                   search_budget_s=_number(env, "POWERFUSION_SEARCH_BUDGET_S", float),
+                   search_workers=_number(env, "POWERFUSION_SEARCH_WORKERS", int) or 0)
+
+
+def _number(env, name: str, kind):
+    """A non-negative number from the environment, or None when the variable is unset."""
+    text = env.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if not value >= 0:
+        raise PowerFusionError(f"{name} must be a non-negative {kind.__name__}, got {text!r}")
+    return value
 
 
 _STACK: list[Options] = [_from_environment()]

@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
                    help="automatic mixed precision before compiling (default fp32: the model as given)")
     p.add_argument("--timings", action="store_true", help="print the seconds spent in each pipeline step")
     p.add_argument("--tune", action="store_true", help="time the perf model's best plans on the GPU and keep the fastest")
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="processes searching subgraph plans at once (default: the usable cores; "
+                        "POWERFUSION_SEARCH_WORKERS); the plans chosen do not depend on it")
     p.add_argument("--no-cache", action="store_true",
                    help="compile again even if this model and these options were compiled before "
                         "(search decisions still come from the plan cache)")
@@ -30,6 +33,11 @@ def main(args) -> int:
     if entry.extension is None:
         raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "
                                f"{', '.join(source_backends())}")
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise PowerFusionError(f"--jobs must be at least 1, got {args.jobs}")
+        from powerfusion import options
+        options.set_defaults(search_workers=args.jobs)
     args.model = model = check_model_path(args.model)
     shapes = parse_shapes(args.shapes)
     check_output_folder(args.output)

@@ -284,18 +284,75 @@ class GIRGraph:
 
 def units_key(units) -> tuple:
     """A compact exact-in-practice key for a unit array in memo tables: its length, ends and a
-    128-bit digest of its contents (the arrays run to millions of ids; keys must stay small)."""
+    128-bit digest of its contents (the arrays run to millions of ids; keys must stay small).
+    The shared read-only arrays (`GOp.active_units`) are hashed once each, by identity: the
+    rewriter and the search ask about the same few arrays thousands of times, and hashing
+    them again each time made build time grow with tensor size."""
+    if isinstance(units, np.ndarray) and not units.flags.writeable and units.base is None:
+        hit = _KEYS_BY_ID.get(id(units))
+        if hit is not None and hit[0] is units:
+            return hit[1]
+        key = _digest(units)
+        if len(_KEYS_BY_ID) >= 4096:
+            _KEYS_BY_ID.clear()
+        _KEYS_BY_ID[id(units)] = (units, key)   # the array is held, so its id is not reused
+        return key
+    return _digest(units)
+
+
+def _digest(units) -> tuple:
     a = np.ascontiguousarray(units, dtype=np.int64)
     if a.size == 0:
         return (0,)
     return (a.size, int(a[0]), int(a[-1]), hashlib.blake2b(a.data, digest_size=16).digest())
 
 
+_KEYS_BY_ID: dict[int, tuple] = {}
+
+
+def is_sorted(units: np.ndarray) -> bool:
+    return units.size < 2 or bool(units[0] <= units[-1] and np.all(units[1:] >= units[:-1]))
+
+
+def sorted_once(units: np.ndarray) -> bool:
+    """is_sorted, remembered by identity for the shared read-only arrays (as units_key)."""
+    if units.flags.writeable or units.base is not None:
+        return is_sorted(units)
+    hit = _SORTED_BY_ID.get(id(units))
+    if hit is None or hit[0] is not units:
+        if len(_SORTED_BY_ID) >= 4096:
+            _SORTED_BY_ID.clear()
+        hit = _SORTED_BY_ID[id(units)] = (units, is_sorted(units))
+    return hit[1]
+
+
+_SORTED_BY_ID: dict[int, tuple] = {}
+
+
+def member_mask(values: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """np.isin(values, units) by binary search when `units` is sorted (active units are): the
+    cost follows the (sampled) values, not the millions of units."""
+    units = np.asarray(units)
+    if units.size == 0:
+        return np.zeros(np.shape(values), bool)
+    if sorted_once(units):
+        at = np.minimum(np.searchsorted(units, values), units.size - 1)
+        return units[at] == values
+    return np.isin(values, units)   # id(read-only array) -> (the array, its key)
+
+
 @lru_cache(maxsize=16)
 def _unit_range(units: int) -> np.ndarray:
     u = np.arange(units, dtype=np.int64)
     u.flags.writeable = False
+    # its key without hashing it: 0..units-1 (a CPU plan can have a hundred million units)
+    _KEYS_BY_ID[id(u)] = (u, _range_key(units))
+    _SORTED_BY_ID[id(u)] = (u, True)
     return u
+
+
+def _range_key(units: int) -> tuple:
+    return (0,) if units == 0 else (units, 0, units - 1, b"range")
 
 
 @lru_cache(maxsize=64)

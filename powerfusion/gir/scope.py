@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.gir.expr import loads
-from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope, units_key
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope, sorted_once as is_sorted_units, units_key
 
 CAP = 1 << 18      # evaluated elements checked exactly
 SAMPLE = 1 << 16   # elements looked at beyond CAP
@@ -48,7 +48,7 @@ def element_owners(s: MemorySlice, units: np.ndarray, parallel: Parallel, buffer
 
 
 def _structural(write: MemorySlice, write_units, read: MemorySlice, read_units) -> Scope:
-    same_units = np.array_equal(np.asarray(write_units), np.asarray(read_units))
+    same_units = write_units is read_units or np.array_equal(np.asarray(write_units), np.asarray(read_units))
     if write.buffer == read.buffer and write.level == read.level and write.pattern() == read.pattern() and same_units:
         return Scope.LANE
     return Scope.DEVICE
@@ -94,8 +94,8 @@ def _needed_scope(write: MemorySlice, write_units: np.ndarray, read: MemorySlice
         rk, ru, rl = element_owners(read, read_units, parallel, buffers)
         return scope_between(wk, wu, wl, rk, ru, rl, parallel)
     groups = sample_groups(read_units, parallel.units_per_group, max(write.count, read.count), SAMPLE)
-    write_units = write_units[np.isin(write_units // parallel.units_per_group, groups)]
-    read_units = read_units[np.isin(read_units // parallel.units_per_group, groups)]
+    write_units = _units_of_groups(write_units, groups, parallel.units_per_group)
+    read_units = _units_of_groups(read_units, groups, parallel.units_per_group)
     wk, wu, wl = element_owners(write, write_units, parallel, buffers)
     rk, ru, rl = element_owners(read, read_units, parallel, buffers)
     # a GLOBAL element read here but written by none of the sampled units was written (if at
@@ -103,16 +103,37 @@ def _needed_scope(write: MemorySlice, write_units: np.ndarray, read: MemorySlice
     return scope_between(wk, wu, wl, rk, ru, rl, parallel, missing=Scope.DEVICE if read.level == Level.GLOBAL else None)
 
 
+def _units_of_groups(units: np.ndarray, groups: np.ndarray, upg: int) -> np.ndarray:
+    """The units of `units` in the given (sorted) groups: by binary search for each group's
+    range when the units are sorted, so the cost follows the sample, not the unit count."""
+    if not is_sorted_units(units):
+        return units[np.isin(units // upg, groups)]
+    lo = np.searchsorted(units, groups * upg)
+    hi = np.searchsorted(units, (groups + 1) * upg)
+    if not len(groups):
+        return units[:0]
+    return np.concatenate([units[a:b] for a, b in zip(lo.tolist(), hi.tolist())])
+
+
 def sample_groups(units: np.ndarray, upg: int, per_unit: int, cap: int) -> np.ndarray:
     """Group ids to check: all when small, else the first, the last and seeded random groups,
     about `cap` elements in all."""
-    groups = np.unique(np.asarray(units, np.int64) // upg)
+    groups = _distinct_sorted(np.asarray(units, np.int64) // upg)
     keep = max(4, cap // max(1, 2 * per_unit * upg))
     if len(groups) <= keep:
         return groups
     rng = np.random.default_rng(len(groups))
     ends = np.concatenate([groups[:2], groups[-2:]])
     return np.unique(np.concatenate([ends, rng.choice(groups, keep - 4, replace=False)]))
+
+
+def _distinct_sorted(values: np.ndarray) -> np.ndarray:
+    """np.unique in one linear pass where the values come sorted (active units always do)."""
+    if values.size > 1 and not bool(np.all(values[1:] >= values[:-1])):
+        return np.unique(values)
+    if values.size <= 1:
+        return values
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
 
 
 def scope_between(wk, wu, wl, rk, ru, rl, parallel: Parallel, missing: Scope | None = None) -> Scope:

@@ -37,14 +37,19 @@ from powerfusion.templates import merge
 def choose(how: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, plans: int,
            stage, merged) -> PlanChoice:
     if how == "search":
-        budget = options.current().search_budget_s   # None: the search's own default
         with stage("search"):
-            return search.choose_plan(sub, graph, t, tune=tune, **({} if budget is None else {"budget_s": budget}))
+            return search.choose_plan(sub, graph, t, tune=tune, **search_limits())
     if how == "default":
         return choose_default(sub, graph, t, stage)
     if how == "fewest-kernels":
         return fewest_kernels(sub, graph, t, plans, stage, merged)
     raise PowerFusionError(f"unknown plan choice '{how}'; known: search, default, fewest-kernels")
+
+
+def search_limits() -> dict:
+    """The search's plan count and safety cap from the settings (unset: the search's defaults)."""
+    opts = options.current()
+    return {k: v for k, v in (("plans", opts.search_plans), ("budget_s", opts.search_budget_s)) if v is not None}
 
 
 def choose_default(sub: Subgraph, graph: BasicGraph, t: TargetSpec, stage) -> PlanChoice:

@@ -12,8 +12,10 @@
 
 `powerfusion compile`, both InferenceSession targets, `powerfusion inspect --gir` and the
 visualiser all run this function and observe what they need through an `Observer`; nothing
-else chains these steps (docs/design.md). Identical subgraphs (by structure) are searched once
-(the plan cache); `Plan.timings` holds the seconds spent in each step.
+else chains these steps (docs/design.md). With choose="search" (or "default"), every distinct
+subgraph (by structure) is decided once, before the per-subgraph loop, across worker processes
+(parallel.py); the loop then finds each decision in the plan cache. `Plan.timings` holds the
+seconds spent in each step.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from typing import Callable
 
 from powerfusion.backends.registry import backend
 from powerfusion.basic import BasicGraph, LibraryCall, Partition, Subgraph
-from powerfusion.pipeline.choose import choose
+from powerfusion.pipeline.choose import choose, search_limits
+from powerfusion.pipeline.parallel import search_all
 from powerfusion.plan import KernelStep, LibraryStep, Plan, Timer
 from powerfusion.targets.specs import TargetSpec, get_target
 
@@ -47,6 +50,7 @@ class CompileOptions:
     # work on its basic-op executor)
     zero_size: str = "refuse"
     progress: Callable[[str], None] | None = None
+    workers: int = 0                  # processes searching subgraphs at once (0: options.search_workers, else the cores)
 
 
 class Observer:
@@ -68,16 +72,17 @@ def compile(model, target: str = "cuda", options: CompileOptions = CompileOption
     graph = part.graph
     planned = options.plan_target or get_target(target)
     renderer = backend(planned.backend).load_renderer() if options.render else None
+    items = [_to_compile(item, graph, options) for item in part.steps]
+    items = [item for item in items if item is not None]
+    if options.choose in ("search", "default") and not options.tune:
+        with timer("search"):   # every distinct subgraph once, across processes (parallel.py)
+            search_all([x for x in items if isinstance(x, Subgraph)], graph, planned, workers=_workers(options),
+                       how=options.choose, **(search_limits() if options.choose == "search" else {}))
     steps, count, total = [], 0, len(part.subgraphs)
-    for item in part.steps:
+    for item in items:
         if isinstance(item, LibraryCall):
             steps.append(LibraryStep(item))
             continue
-        if item.outputs and all(_empty(graph, t) for t in item.outputs):
-            continue   # every output has no elements: nothing to compute (zero-size buffers stay unwritten)
-        if options.zero_size == "refuse":
-            item = _without_empty(item, graph)
-            _refuse_reading_nothing(item, graph)
         count += 1
         if options.progress:
             options.progress(f"subgraph {count}/{total}: {item.name} ({len(item.nodes)} ops)")
@@ -85,6 +90,25 @@ def compile(model, target: str = "cuda", options: CompileOptions = CompileOption
         if step is not None:
             steps.append(step)
     return Plan(graph.name or "model", target, graph, part, steps, timer.seconds)
+
+
+def _to_compile(item, graph: BasicGraph, options: CompileOptions):
+    """The step as the pipeline compiles it: None for a subgraph none of whose outputs has an
+    element (nothing to compute; zero-size buffers stay unwritten), a subgraph less its empty
+    ops with options.zero_size == "refuse"."""
+    if isinstance(item, LibraryCall):
+        return item
+    if item.outputs and all(_empty(graph, t) for t in item.outputs):
+        return None
+    if options.zero_size == "refuse":
+        item = _without_empty(item, graph)
+        _refuse_reading_nothing(item, graph)
+    return item
+
+
+def _workers(options: CompileOptions) -> int:
+    from powerfusion import options as settings
+    return options.workers or settings.current().search_workers
 
 
 def front(model, target: str, options: CompileOptions = CompileOptions(), observers: tuple[Observer, ...] = (),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -99,18 +100,54 @@ def _names(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> _Names:
                   tuple(n.name for n in sub.nodes), prefix)
 
 
+def names_of(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> _Names:
+    return _names(sub, graph, t)
+
+
 def store(key: str, sub: Subgraph, graph: BasicGraph, t: TargetSpec, choice) -> None:
     entry = (choice, _names(sub, graph, t))
     _MEMO[key] = entry
+    text = stored_text(key, choice, entry[1])
+    if text is not None:   # None: something outside the plan vocabulary: kept in memory only
+        _write(key, text)
+
+
+def stored_text(key: str, choice, names: _Names) -> str | None:
+    """The entry as stored on disk (no constant values, no rewrite trace), or None when the
+    choice holds something the plan codec does not write."""
+    try:
+        return entry_text(key, replace(choice, graph=_no_constants(choice.graph),
+                                       merged=_no_constants(choice.merged), trace=()), names)
+    except TypeError:
+        return None
+
+
+def has(key: str) -> bool:
+    """Whether a decision for `key` is held in memory or on disk (not read or checked here)."""
+    if key in _MEMO:
+        return True
+    try:
+        return _path(key).is_file()
+    except OSError:
+        return False
+
+
+def adopt(key: str, text: str) -> bool:
+    """Take an entry made elsewhere (a search worker's stored_text) into memory and onto disk;
+    False when it does not read back as an entry for `key`."""
+    entry = read_entry(text, key)
+    if entry is None:
+        return False
+    _MEMO[key] = entry
+    _write(key, text)
+    return True
+
+
+def _write(key: str, text: str) -> None:
     path = _path(key)
     try:
-        text = entry_text(key, replace(choice, graph=_no_constants(choice.graph),
-                                       merged=_no_constants(choice.merged), trace=()), entry[1])
-    except TypeError:
-        return   # something outside the plan vocabulary: keep it in memory only
-    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{id(choice)}")
+        tmp = path.with_suffix(f".tmp{os.getpid()}-{id(text)}")
         try:
             tmp.write_text(text)
             tmp.replace(path)

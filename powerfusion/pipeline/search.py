@@ -4,21 +4,24 @@
     merged    = lower_subgraph(plan) for each         (cheap)
     bound     = optimistic estimate of each merged    (interface traffic only, one kernel)
     for plans in order of bound, while bound < best and fewer than `beam` rewritten
-                                 and the rewriting time stays within `budget_s`:
+                                 (and `plans` in all, with the polish below):
         optimised = rewrite.optimise(merged)          (the expensive step)
         its one-pass form (rewrite/onepass.py) where a rule applies: the faster of the two
-        drop it if the verifier or the renderer's layout check rejects it
+        drop it if the renderer's layout check rejects it
         predicted = predict_seconds(estimate(optimised))
-    keep the best (with tune=True: time the model's top-k on the device, keep the fastest)
+    keep the best that the verifier accepts (with tune=True: verify the top-k, time them on
+    the device, keep the fastest)
     if every rewritten plan was rejected: the best feasible merged plan, as lowered (noted)
 
-The time budget: the default choice is always rewritten; an alternative is rewritten only
-while the rewriting CPU time so far plus the slowest rewrite so far fits in `budget_s`. Most
-subgraphs (rewrites of a second or less) never reach it; a large one (rednet_small's
-113-117-op blocks: 4-15 CPU-s per rewrite, mostly composing a 49-way concat) keeps its
-default plan plus what fits, and PlanChoice.note and `unsearched` say how many plans were
-not tried. The cut depends on this machine's speed; a decision cut short is not reused by
-a call without a budget (budget_s=None), which searches again.
+The budget is a count of evaluated (rewritten and predicted) plans, `plans` (SEARCH_PLANS;
+`options.search_plans`, POWERFUSION_SEARCH_PLANS), shrunk for large subgraphs by their size
+(`plan_budget`: rewriting costs grow with the merged graph's gOperators), so the plan chosen
+depends only on the subgraph, never on the machine's speed or load. The default choice is
+always rewritten. A wall-clock safety cap, `budget_s` (SEARCH_CAP_S), stops a search that
+runs far past what the count allows: an alternative is rewritten only while the wall time so
+far plus the slowest rewrite fits. Only the cap depends on the machine; where it cut,
+PlanChoice.note and `unsearched` say how many plans were not tried, and the decision is not
+reused by a call without a cap (budget_s=None), which searches again.
 
 Decisions are cached by the subgraph's structural hash (op kinds, arguments, shapes,
 dtypes -- not names), in memory and on disk under `options.current().cache_dir / "plans"`;
@@ -28,7 +31,6 @@ optimised graph onto it (plancache.py), so repeated layers and warm compiles ski
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -44,16 +46,20 @@ from powerfusion.targets.specs import TargetSpec, get_target
 TOP_K = 8
 REJECTED_RUN = 2    # rewritten plans rejected in a row (nothing valid yet) before falling back
 PROGRESS_MIN = 12   # show a progress bar from this many candidates on
-# CPU seconds of rewriting per subgraph beyond which alternatives are not tried
-# (POWERFUSION_SEARCH_BUDGET_S overrides: a loaded machine spends more CPU time per rewrite)
-SEARCH_BUDGET_S = float(os.environ.get("POWERFUSION_SEARCH_BUDGET_S", "10"))
+SEARCH_PLANS = 14   # evaluated plans per subgraph: the beam (8) and the anchor polish (6) together
+PLAN_WORK = 2000    # gOperators rewritten per subgraph (plans x merged size) before the count shrinks
+# wall seconds per subgraph beyond which alternatives are not tried: a safety cap that a
+# normal search never reaches (POWERFUSION_SEARCH_BUDGET_S overrides)
+SEARCH_CAP_S = 120.0
+SEARCH_BUDGET_S = SEARCH_CAP_S   # the name callers and tests know
 
 
 def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str = "cuda", *, tune: bool = False,
                 beam: int = 8, progress=None, limit: int = 32, cache: bool = True,
-                budget_s: float | None = SEARCH_BUDGET_S) -> PlanChoice:
-    """The best plan the model (or, with tune=True, the device) finds for `subgraph`
-    (among the plans whose rewriting fits in `budget_s` seconds; None: no time limit)."""
+                budget_s: float | None = SEARCH_CAP_S, plans: int | None = SEARCH_PLANS) -> PlanChoice:
+    """The best plan the model (or, with tune=True, the device) finds for `subgraph` among at most
+    `plan_budget(plans, ...)` evaluated plans (None: no count limit), within the wall-clock safety
+    cap `budget_s` (None: none)."""
     from powerfusion.pipeline import plancache
     t0 = time.perf_counter()
     t = get_target(target) if isinstance(target, str) else target
@@ -62,7 +68,8 @@ def choose_plan(subgraph: Subgraph, graph: BasicGraph, target: TargetSpec | str 
         hit = plancache.lookup(key, subgraph, graph, t, want_measured=tune)
         if hit is not None and not (hit.unsearched and budget_s is None):
             return replace(hit, seconds=time.perf_counter() - t0)
-    choice = _search(subgraph, graph, t, tune=tune, beam=beam, progress=progress, limit=limit, budget_s=budget_s)
+    choice = _search(subgraph, graph, t, tune=tune, beam=beam, progress=progress, limit=limit, budget_s=budget_s,
+                     plans=plans)
     choice = replace(choice, key=key, seconds=time.perf_counter() - t0)
     if cache:
         plancache.store(key, subgraph, graph, t, choice)
@@ -122,10 +129,20 @@ class _Cand:
     note: str = ""
 
 
+def plan_budget(plans: int | None, merged_ops: int) -> int | None:
+    """Plans to evaluate for a subgraph whose default plan merges to `merged_ops` gOperators:
+    `plans`, fewer where plans x size passes PLAN_WORK (a rewrite's cost grows with the graph),
+    never fewer than one. A function of the subgraph alone, so the choice is reproducible."""
+    if plans is None:
+        return None
+    return max(1, min(plans, PLAN_WORK // max(1, merged_ops)))
+
+
 def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam: int, progress,
-            limit: int, budget_s: float | None = None) -> PlanChoice:
+            limit: int, budget_s: float | None = None, plans: int | None = SEARCH_PLANS) -> PlanChoice:
     from powerfusion.templates.merge import LowerError, enumerate_plans, lower_subgraph, lowering_context
     ctx = lowering_context(sub, graph, t)   # one memo of matched edges for every plan
+    count = plans
     plans = [None] + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx)  # None: lower_subgraph's default choice
     cands, infeasible = [], 0
     for plan in plans:
@@ -140,6 +157,8 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     if not cands:
         from powerfusion.errors import PowerFusionError
         raise PowerFusionError(f"subgraph {sub.name}: none of {len(plans)} plans could be lowered for {t.name}")
+    allowed = plan_budget(count, len(cands[0].merged.ops))
+    main_beam = max(1, beam if allowed is None else min(beam, allowed))
     bar = _Progress(len(cands), sub.name, progress)
     # the default choice (plans[0], matched for fusion by the lowering) is always rewritten first,
     # so a run of rejected alternatives cannot leave the subgraph unfused
@@ -151,12 +170,12 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     order = sorted(range(len(cands)), key=lambda k: (k != 0, cands[k].labels not in families,
                                                      _bucket(cands[k].bound), k))
     best, rewritten, pruned, rejected_run = math.inf, 0, 0, 0
-    spent, slowest, unsearched = 0.0, 0.0, 0
+    spent, slowest, unsearched = 0.0, 0.0, 0   # wall seconds of rewriting (the safety cap)
     for rank, k in enumerate(order):
         c = cands[k]
         # a rejected rewrite is a rule or renderer limitation, and it tends to hit every plan of
         # a subgraph alike: after REJECTED_RUN in a row with nothing valid, stop rewriting
-        stop = rewritten >= max(1, beam) or (c.bound >= best and rewritten) or \
+        stop = rewritten >= main_beam or (c.bound >= best and rewritten) or \
             (rejected_run >= REJECTED_RUN and not math.isfinite(best))
         if stop:
             pruned += 1
@@ -165,12 +184,12 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
             continue
         if rewritten and budget_s is not None and spent + slowest > budget_s:
             unsearched += 1    # one more rewrite would likely overrun the budget
-            c.note = "not tried (time budget)"
+            c.note = "not tried (time cap)"
             bar.step()
             continue
-        t1 = time.process_time()   # CPU time: the budget does not shrink when the machine is busy
+        t1 = time.monotonic()
         _evaluate(c, t)
-        t1 = time.process_time() - t1
+        t1 = time.monotonic() - t1
         spent, slowest = spent + t1, max(slowest, t1)
         rewritten += 1
         if c.note:
@@ -182,16 +201,19 @@ def _search(sub: Subgraph, graph: BasicGraph, t: TargetSpec, *, tune: bool, beam
     bar.done()
     polished = 0
     if math.isfinite(best) and (budget_s is None or spent + slowest <= budget_s):
-        spent, extra, polished = _polish(sub, graph, t, ctx, cands, spent, slowest, budget_s,
-                                         min(POLISH_REWRITES, beam - 1))
+        polish = min(POLISH_REWRITES, beam - 1) if allowed is None else \
+            min(POLISH_REWRITES, beam - 1, allowed - rewritten)
+        spent, extra, polished = _polish(sub, graph, t, ctx, cands, spent, slowest, budget_s, polish)
         rewritten, pruned = rewritten + extra, pruned + polished - extra
     valid = sorted((c for c in cands if c.optimised is not None and not c.note), key=lambda c: c.predicted)
+    valid, rejected = _verified(valid, TOP_K if tune else 1)
+    infeasible += rejected
     budget_note = "" if not unsearched else (
-        f"time budget: rewrote {rewritten} of {len(cands)} lowered plans in {spent:.1f} CPU-s (slowest "
-        f"{slowest:.1f} s, budget {budget_s:g} s); {unsearched} not tried, so a better plan may exist; ")
+        f"time cap: rewrote {rewritten} of {len(cands)} lowered plans in {spent:.1f} s (slowest "
+        f"{slowest:.1f} s, cap {budget_s:g} s); {unsearched} not tried, so a better plan may exist; ")
     note = ""
     if not valid:  # every rewritten plan was rejected: run a merged plan as lowered (correct, slower)
-        skipped = ("pruned", "not tried (time budget)")
+        skipped = ("pruned", "not tried (time cap)")
         note = "rewrites rejected: " + "; ".join(sorted({c.note for c in cands if c.note and c.note not in skipped})[:2])
         valid = _feasible_merged(cands, t)
     if not valid:
@@ -223,8 +245,8 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
     candidate of one anchor, the other anchors kept, the remaining ops re-matched around
     them. enumerate_plans varies one op at a time from the default, so the best pairing of
     two anchors' choices (decode attention's q.K^T with its probs.V) is often not among its
-    plans. Alternatives go in bound order, at most `limit` rewrites, within the time budget.
-    Returns (CPU seconds spent so far, rewrites done, plans it lowered)."""
+    plans. Alternatives go in bound order, at most `limit` rewrites, within the time cap.
+    Returns (wall seconds of rewriting so far, rewrites done, plans it lowered)."""
     from powerfusion.templates.merge import LowerError, lower_subgraph
     valid = [c for c in cands if c.optimised is not None and not c.note]
     if not valid or limit < 1:
@@ -260,9 +282,10 @@ def _polish(sub, graph, t, ctx, cands: list[_Cand], spent: float, slowest: float
             break
         if budget_s is not None and spent + slowest > budget_s:
             break
-        t1 = time.process_time()
+        t1 = time.monotonic()
         _evaluate(c, t)
-        spent, slowest = spent + time.process_time() - t1, max(slowest, time.process_time() - t1)
+        t1 = time.monotonic() - t1
+        spent, slowest = spent + t1, max(slowest, t1)
         done += 1
         cands.append(c)
         if not c.note and c.predicted < best.predicted:
@@ -337,7 +360,7 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
         c.note = f"rewrite: {type(e).__name__}: {e}"[:300]
         return
     c.optimised, c.trace = g, tuple(trace)
-    reason = feasibility(g, t)
+    reason = feasibility(g, t, verify=False)   # the verifier runs on the plans that can win (_verified)
     if reason:
         c.note = reason
         return
@@ -375,14 +398,13 @@ def _one_pass(c: _Cand, t: TargetSpec) -> None:
 VERIFY_MAX_ELEMENTS = 1 << 23
 
 
-def feasibility(g: GIRGraph, t: TargetSpec) -> str:
-    """'' when the graph verifies and (for C-style GPU targets) the renderer accepts its layouts."""
-    from powerfusion.gir.verifier import GIRVerifyError, verify
-    if max((b.size for b in g.buffers), default=0) <= VERIFY_MAX_ELEMENTS:
-        try:
-            verify(g)
-        except GIRVerifyError as e:
-            return f"verifier: {e}"[:300]
+def feasibility(g: GIRGraph, t: TargetSpec, verify: bool = True) -> str:
+    """'' when the graph verifies (verify=False: not checked here) and (for C-style GPU targets)
+    the renderer accepts its layouts."""
+    if verify:
+        reason = verification(g)
+        if reason:
+            return reason
     renderer = _renderer(t)
     if renderer is not None:
         from powerfusion.backends.source import RenderError
@@ -391,6 +413,34 @@ def feasibility(g: GIRGraph, t: TargetSpec) -> str:
         except RenderError as e:
             return f"renderer: {e}"[:300]
     return ""
+
+
+def verification(g: GIRGraph) -> str:
+    """'' when the verifier accepts the graph (or its buffers are past VERIFY_MAX_ELEMENTS)."""
+    from powerfusion.gir.verifier import GIRVerifyError, verify
+    if max((b.size for b in g.buffers), default=0) <= VERIFY_MAX_ELEMENTS:
+        try:
+            verify(g)
+        except GIRVerifyError as e:
+            return f"verifier: {e}"[:300]
+    return ""
+
+
+def _verified(ranked: list[_Cand], need: int) -> tuple[list[_Cand], int]:
+    """The ranked candidates less those the verifier rejects among the first `need` that pass.
+    The verifier simulates every element, the search's most expensive check: it runs on the
+    plans that can be picked (the best, or the top-k that tuning times), not on every plan
+    rewritten. Returns (candidates, how many were rejected)."""
+    out, rejected, passed = [], 0, 0
+    for c in ranked:
+        if passed < need:
+            reason = verification(c.optimised)
+            if reason:
+                c.note, rejected = reason, rejected + 1
+                continue
+            passed += 1
+        out.append(c)
+    return out, rejected
 
 
 def _renderer(t: TargetSpec):

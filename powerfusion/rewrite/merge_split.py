@@ -6,7 +6,8 @@
 Each new move takes the reader's elements that writer w wrote: a condition on the unit
 (folded into the guard) or on the element (a valid mask on both slices: the source is not
 read and the destination not written elsewhere). The condition is chosen among simple
-candidates and checked against the exact element-by-element answer. The intermediate
+candidates and checked against the exact element-by-element answer (every element up to
+patterns.SAMPLE_CAP, a fixed sample of reader units with digit probes beyond). The intermediate
 disappears, so the rule fires only when it does not add gOperators (W*R <= W+R).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
 from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       without_syncs_on, writers)
-from powerfusion.rewrite.patterns import Coords, compact, composition_need, covering_coords, eval_over
+from powerfusion.rewrite.patterns import Coords, sampled_units, compact, composition_need, covering_coords, eval_over
 
 
 def _and(*es):
@@ -76,8 +77,12 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
     for r in rs:
         rop = g.ops[r]
         p2, pb = rop.inputs[0], rop.outputs[0]
-        rvalid = eval_over(p2.valid, units[r], p2.num, p2.width, data).astype(bool).reshape(len(units[r]), -1)
-        bvalid = eval_over(pb.valid, units[r], pb.num, pb.width, data).astype(bool).reshape(len(units[r]), -1)
+        # the reader units the element-by-element check looks at: all of them up to SAMPLE_CAP
+        # elements, beyond it a fixed sample with digit probes (patterns.sampled_units), so that the
+        # rule's cost does not grow with the tensor
+        check = sampled_units(units[r], p2.count, exprs=(p2.index, pb.index) + tuple(g.ops[w].outputs[0].index for w in ws))
+        rvalid = eval_over(p2.valid, check, p2.num, p2.width, data).astype(bool).reshape(len(check), -1)
+        bvalid = eval_over(pb.valid, check, pb.num, pb.width, data).astype(bool).reshape(len(check), -1)
         if np.any(bvalid & ~rvalid):
             return None      # the reader writes fill there: no writer's move would
         total = np.zeros_like(rvalid, dtype=np.int64)
@@ -89,14 +94,14 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
                 return None
             if pa.level != Level.GLOBAL and device_barrier_between(g, w, r, frozenset({t})):
                 return None
-            hit = covering_coords(p1, units[w], p2, units[r], P, composition_need(pa.level, p1.level), data)
+            hit = covering_coords(p1, units[w], p2, check, P, composition_need(pa.level, p1.level), data)
             if hit is None:
                 return None
             c, covered = hit
             total += covered
             if not covered.any():
                 continue
-            cond, ok = _pick(_conditions(p1, wop, p2, c), covered, units[r], p2, data)
+            cond, ok = _pick(_conditions(p1, wop, p2, c), covered, check, p2, data)
             if not ok:
                 return None
             parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerfusion.gir.expr import BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
-from powerfusion.gir.ir import Level, MemorySlice, Parallel, units_key
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key
 
 _ADDR = Var("addr")
 
@@ -160,8 +160,8 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
            buffers=None) -> list[Coords]:
     tries = []
     extents = _extents(w, w_units, buffers)
-    flat = _flat_extent(w, _sampled(w_units, w.count), buffers)
-    if w.pattern() == r.pattern() and np.array_equal(w_units, r_units):
+    flat = _flat_extent(w, sampled_units(w_units, w.count), buffers)
+    if w.pattern() == r.pattern() and (w_units is r_units or np.array_equal(w_units, r_units)):
         tries.append(Coords(U, I, J))
     for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
         for u1, sol in _candidates(w, parallel, same_unit, extents, flat):
@@ -215,7 +215,7 @@ def _writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units:
                    parallel: Parallel, need: str | None, buffers=None) -> Coords | None:
     if not _injective(w, w_units, parallel, buffers):
         return None
-    r_units = _sampled(r_units, r.count, exprs=(r.index, w.index))
+    r_units = sampled_units(r_units, r.count, exprs=(r.index, w.index))
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
         ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
         if ev is not None and bool(np.all(ev[0] | ~ev[2])):
@@ -226,7 +226,7 @@ def _writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units:
 SAMPLE_CAP = 1 << 16  # elements; larger checks look at a sample of units (first, last, seeded random)
 
 
-def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP, exprs=()) -> np.ndarray:
+def sampled_units(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP, exprs=()) -> np.ndarray:
     """All units when the check is small; otherwise a fixed sample of them, so compile time
     does not grow with tensor size (an exact check of every unit is kept for small shapes,
     which the tests exercise; templates' patterns are uniform across units). The sample
@@ -237,11 +237,24 @@ def _sampled(units: np.ndarray, per_unit: int, cap: int = SAMPLE_CAP, exprs=()) 
     keep = max(8, cap // max(per_unit, 1))
     if len(units) <= keep:
         return units
+    key = (units_key(units), keep, exprs)   # the rules ask for the same sample again and again
+    hit = _SAMPLES.get(key)
+    if hit is None:
+        hit = _SAMPLES.put(key, _sample_of(units, keep, exprs))
+    return hit
+
+
+_SAMPLES = _Memo(1024)
+
+
+def _sample_of(units: np.ndarray, keep: int, exprs) -> np.ndarray:
     rng = np.random.default_rng(len(units))
     head = min(keep // 4, len(units))
     picks = np.concatenate([units[:head], units[-head:], rng.choice(units, keep - 2 * head, replace=False),
                             _probes(units, exprs)])
-    return np.unique(picks)
+    out = np.unique(picks)
+    out.flags.writeable = False   # shared through the memo
+    return out
 
 
 def _probes(units: np.ndarray, exprs) -> np.ndarray:
@@ -306,7 +319,7 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
         addr = _full(evaluate(r.index, env, buffers), shape)
         rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None else np.ones(shape, bool)
         u1, i1, j1 = (_full(evaluate(e, env, buffers), shape) for e in (c.u, c.i, c.j))
-        inside = np.isin(u1, w_units) & (i1 >= 0) & (i1 < w.num) & (j1 >= 0) & (j1 < w.width)
+        inside = member_mask(u1, w_units) & (i1 >= 0) & (i1 < w.num) & (j1 >= 0) & (j1 < w.width)
         wenv = {"u": np.where(inside, u1, w_units[0] if len(w_units) else 0), "i": np.where(inside, i1, 0),
                 "j": np.where(inside, j1, 0)}
         waddr = _full(evaluate(w.index, wenv, buffers), shape)
@@ -326,11 +339,11 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
 
 def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     """No element written twice by this slice (keyed by owner group/unit below GLOBAL).
-    Beyond SAMPLE_CAP elements the check covers a fixed sample of units (see `_sampled`)."""
+    Beyond SAMPLE_CAP elements the check covers a fixed sample of units (see `sampled_units`)."""
     w_units = np.asarray(w_units, np.int64)
     if buffers is not None and (loads(w.index) or (w.valid is not None and loads(w.valid))):
         return _injective_on(w, w_units, parallel, buffers)
-    key = (w, parallel, len(w_units), hash(w_units.tobytes()))
+    key = (w, parallel, units_key(w_units))
     if key not in _INJECTIVE:
         if len(_INJECTIVE) > 4096:
             _INJECTIVE.clear()
@@ -342,7 +355,7 @@ _INJECTIVE: dict = {}   # (slice, parallel, units) -> bool: the same writer is a
 
 
 def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
-    w_units = _sampled(w_units, w.count, exprs=(w.index,))
+    w_units = sampled_units(w_units, w.count, exprs=(w.index,))
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
@@ -447,7 +460,7 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
 
 
 _COMPARE = ("lt", "le", "eq", "ne")
-COMPACT_CAP = 1 << 18  # elements; larger slices are refitted on a sample of units (`_sampled`)
+COMPACT_CAP = 1 << 18  # elements; larger slices are refitted on a sample of units (`sampled_units`)
 _WORTH_FITTING = 12   # expression nodes: smaller sides are left as they are
 
 
@@ -495,7 +508,7 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
 
 def _compact(s: MemorySlice, units: np.ndarray, buffers=None) -> MemorySlice:
     if len(units) * s.count > COMPACT_CAP:
-        units = _sampled(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
+        units = sampled_units(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
         # fitted and checked on a sample of units with digit probes, as above
     valid_expr = s.valid
     if valid_expr is not None:

@@ -128,7 +128,7 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
     ws, rs = _accesses(gp, buffer, True), _accesses(gc, buffer, False)
     if not ws or not rs:
         return False
-    if all(w.pattern() == r.pattern() and np.array_equal(wu, ru) for w, wu in ws for r, ru in rs):
+    if all(w.pattern() == r.pattern() and (wu is ru or np.array_equal(wu, ru)) for w, wu in ws for r, ru in rs):
         return True
     biggest = max(x.count for x, _ in ws + rs)
     if biggest > HUGE_TILE:

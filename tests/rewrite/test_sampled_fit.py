@@ -8,7 +8,7 @@ import numpy as np
 
 from powerfusion.gir.expr import I, J, U, evaluate
 from powerfusion.gir.ir import Level, MemorySlice
-from powerfusion.rewrite.patterns import SAMPLE_CAP, _sampled, compact
+from powerfusion.rewrite.patterns import SAMPLE_CAP, sampled_units, compact
 
 
 def _everywhere(e, units, num, width):
@@ -29,7 +29,7 @@ def test_refit_of_a_large_slice_holds_on_every_unit():
 
 def test_sample_sets_each_digit_alone():
     units = np.arange(3072)
-    picked = _sampled(units, 16384, exprs=(U % 3248,))
+    picked = sampled_units(units, 16384, exprs=(U % 3248,))
     for bit in range(12):
         assert (1 << bit) in picked
     assert set(picked.tolist()) <= set(units.tolist())

@@ -1,0 +1,148 @@
+"""Plan search for all of a model's subgraphs before the pipeline assembles them:
+`search_all(subgraphs, graph, target, ...)`.
+
+    keys      = the structural key of every subgraph (plancache.structural_key)
+    distinct  = the first subgraph of each key whose decision is not cached yet
+    search    each distinct one once (search.choose_plan, or for the CPU session
+              choose.choose_default), over `workers` forked processes
+              (concurrent.futures), or in this process with one worker
+    adopt     each worker's decision into the plan cache (memory and disk), where the
+              pipeline's own choose_plan per subgraph then finds it
+
+Identical subgraphs (same ops, arguments, shapes and dtypes, whatever their names) are
+searched once. The search's budget counts evaluated plans (search.plan_budget), so a
+decision does not depend on which process made it or on how many there were: the same
+model gets the same plans with one worker or sixteen (tests/perfmodel/test_search_parallel.py).
+Workers are forked, so they share the imported model (weights included) with this process
+instead of receiving a pickled copy; each returns its decision as a plan-cache entry (JSON
+text, plancache.entry_text). A subgraph whose search fails in a worker is left to the
+pipeline, which searches it again here and reports the failure with its step.
+
+The progress bar (powerfusion.progress: a terminal at verbose >= 1) counts distinct searches
+and names the subgraphs being searched.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
+
+from powerfusion.basic import BasicGraph, Subgraph
+from powerfusion.pipeline import plancache
+from powerfusion.targets.specs import TargetSpec
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # no affinity call on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def pending_searches(subgraphs, graph: BasicGraph, t: TargetSpec) -> list[tuple[str, Subgraph]]:
+    """(key, first subgraph) for each structural key whose decision is in no cache yet."""
+    out: dict[str, Subgraph] = {}
+    for sub in subgraphs:
+        key = plancache.structural_key(sub, graph, t)
+        if key not in out and not plancache.has(key):
+            out[key] = sub
+    return list(out.items())
+
+
+def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0, progress: bool | None = None,
+               how: str = "search", **search_kw) -> int:
+    """Decide every distinct uncached subgraph once, so that the pipeline's choice per subgraph
+    finds each decision cached. `how`: "search" (search.choose_plan, with `search_kw`) or
+    "default" (choose.choose_default: the default plan, rewritten). Returns how many ran."""
+    todo = pending_searches(subgraphs, graph, t)
+    if not todo:
+        return 0
+    workers = min(workers or default_workers(), len(todo))
+    from powerfusion.progress import progress_bar
+    bar = progress_bar(total=len(todo), desc="plan search" if how == "search" else "lowering to GIR",
+                       unit="subgraph", enabled=progress)
+    decide = _DECIDERS[how]
+    try:
+        if workers <= 1:
+            _search_here(todo, graph, t, bar, decide, search_kw)
+        else:
+            _search_forked(todo, graph, t, workers, bar, decide, search_kw)
+    finally:
+        bar.close()
+    return len(todo)
+
+
+def _searched(sub, graph, t, cache: bool, search_kw):
+    from powerfusion.pipeline.search import choose_plan
+    return choose_plan(sub, graph, t, progress=False, cache=cache, **search_kw)
+
+
+def _default(sub, graph, t, cache: bool, search_kw):
+    import contextlib
+    from powerfusion.pipeline.choose import choose_default
+    return choose_default(sub, graph, t, lambda name: contextlib.nullcontext())   # stores the decision
+
+
+_DECIDERS = {"search": _searched, "default": _default}
+
+
+def _search_here(todo, graph, t, bar, decide, search_kw) -> None:
+    for key, sub in todo:
+        bar.set_postfix_str(f"searching {sub.name}")
+        try:
+            decide(sub, graph, t, True, search_kw)   # stores the decision
+        except Exception:   # the pipeline searches it again and reports the failure with its step
+            pass
+        bar.update(1)
+
+
+_SHARED: tuple = ()   # (todo, graph, target, decide, search keywords), inherited by the forked workers
+
+
+def _search_forked(todo, graph, t, workers: int, bar, decide, search_kw) -> None:
+    import multiprocessing as mp
+    global _SHARED
+    try:
+        ctx = mp.get_context("fork")
+    except ValueError:   # no fork on this platform: one process
+        _search_here(todo, graph, t, bar, decide, search_kw)
+        return
+    _SHARED = (todo, graph, t, decide, search_kw)
+    try:
+        _run_pool(todo, workers, ctx, bar)
+    except BrokenExecutor:   # a worker died (killed, out of memory): the pipeline searches what is missing here
+        pass
+    finally:
+        _SHARED = ()
+
+
+def _run_pool(todo, workers: int, ctx, bar) -> None:
+    """The distinct searches over `workers` processes, no more in flight than workers (so the
+    bar names what is being searched); each finished decision adopted into the plan cache."""
+    running: dict = {}   # future -> index in todo
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        queue = list(range(len(todo)))
+        while queue or running:
+            while queue and len(running) < workers:
+                k = queue.pop(0)
+                running[pool.submit(_worker, k)] = k
+            bar.set_postfix_str("searching " + ", ".join(todo[k][1].name for k in sorted(running.values())))
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                k = running.pop(future)
+                text = None if future.exception() is not None else future.result()
+                if text is not None:
+                    plancache.adopt(todo[k][0], text)
+                bar.update(1)
+
+
+def _worker(k: int) -> str | None:
+    """One search in a forked worker: the decision as a plan-cache entry, or None if it failed."""
+    from dataclasses import replace
+    todo, graph, t, decide, search_kw = _SHARED
+    key, sub = todo[k]
+    try:
+        choice = decide(sub, graph, t, False, search_kw)
+    except Exception:   # the pipeline searches it again in the parent and reports it there
+        return None
+    return plancache.stored_text(key, replace(choice, key=key), plancache.names_of(sub, graph, t))
