@@ -156,6 +156,8 @@ def test_compare_detects_wrong_numbers(capsys, model_path, monkeypatch):
     monkeypatch.setattr(powerfusion.session, "run_library_op", off_by_a_bit)
     # the cpu target's planned-buffer runners would bypass run_library_op: none, so it runs
     monkeypatch.setattr("powerfusion.backends.cpu.library.library_runner", lambda node, graph: None)
+    # nor may the whole-model C driver, which calls the BLAS itself: every step per step
+    monkeypatch.setattr("powerfusion.backends.cpu.driver.plan_runs", lambda partition, plan: (None, {}))
     code, out, _ = run_cli(capsys, "compare", model_path)
     assert code == 1 and "FAIL" in out
 
