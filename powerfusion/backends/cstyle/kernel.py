@@ -19,7 +19,8 @@ from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, Me
 from powerfusion.gir.interpreter import np_dtype
 
 _IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-INFINITY)", "min": "(INFINITY)"}
-_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+# max/min combine with the dialect's NaN-propagating helpers (renderer.nan_propagating says why)
+_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "pf_fmaxf({a}, {b})", "min": "pf_fminf({a}, {b})"}
 # integer and bool reductions accumulate exactly in 64-bit integers (a float accumulator
 # rounds sums above 2^24 and turns an empty max's -inf into true)
 _INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}

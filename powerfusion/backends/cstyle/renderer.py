@@ -84,7 +84,19 @@ class CRenderer:
         if fn == "cast":
             return self.convert(operands[0], "float32", out_dtype) if out_dtype in self.from_float else \
                 f"({self.ctype[out_dtype]})({operands[0]})"
-        return tmpl.format(*operands, **kw)
+        return nan_propagating(tmpl.format(*operands, **kw))
+
+
+# C's fmaxf/fminf return the other operand when one is NaN; ONNX Max/Min/Relu/Clip (and numpy,
+# onnxruntime) give NaN. Every C-style dialect defines pf_fmaxf/pf_fminf (float) and
+# pf_fmax/pf_fmin (double) as `(a != a || b != b) ? a + b : fmaxf(a, b)`: one compare more.
+_NAN_DROPPING = re.compile(r"(?<![\w])(fmaxf|fminf|fmax|fmin)\(")
+
+
+def nan_propagating(text: str) -> str:
+    """`text` with C's NaN-dropping max/min replaced by the dialect's NaN-propagating helpers
+    (idempotent: a helper's name is not matched again)."""
+    return _NAN_DROPPING.sub(r"pf_\1(", text)
 
 
 def _dtype_name(v) -> str:
