@@ -120,6 +120,7 @@ class CPURenderer(CRenderer):
     to_float = {"float16": "((float)({}))", "bfloat16": "pf_bf16_to_f({})"}
     from_float = {"float16": "((_Float16)({}))", "bfloat16": "pf_f_to_bf16({})"}
     vector_type: dict = {}   # no hand-written vector moves: the compiler vectorises the element loops
+    device_faults = False    # integer division: scalar() refuses it (the GIR executor checks the divisor)
 
     def ptr_cast(self, ctype: str, value: str) -> str:
         return f"(({ctype}*)({value}))"

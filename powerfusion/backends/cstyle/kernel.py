@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
+from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
@@ -81,6 +82,7 @@ class KernelRenderer:
         self.sanitize = sanitize
         self._names = UniqueNames()
         self.reg = self._register_layouts()
+        self.faults: list[str] = []   # the fault table's lines (see fault_line)
         self.smem_offsets, self.shared_bytes = self._shared_layout()
 
     # ---- layouts ------------------------------------------------------------------
@@ -312,8 +314,18 @@ class KernelRenderer:
             dt = self.dtype(s)
             ref = self.ref(s, "slot")
             operands.append(self.r.convert(ref, dt, "float32") if dt in ("float16", "bfloat16") else ref)
-        val = self.r.scalar(op.args.fn, dict(op.args.params), operands, odt)
+        fn = op.args.fn
+        if fn in FAULTING and odt in INTEGER_DTYPES and self.r.device_faults:
+            site = self._fault_site(fn, op.origin, odt)
+            val = f"pf_checked_{fn}<{self.r.ctype[odt]}>({operands[0]}, {operands[1]}, {site}u)"
+        else:
+            val = self.r.scalar(fn, dict(op.args.params), operands, odt)
         return self._lane_loop(out, [f"{self.ref(out, 'slot')} = {val};"])
+
+    def _fault_site(self, fn: str, origin: str, dtype: str) -> int:
+        """A new run-time fault site's code (1, 2, ...), listed in the source's fault table."""
+        self.faults.append(fault_line(len(self.faults) + 1, fn, origin, dtype))
+        return len(self.faults)
 
     def _reduce(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
@@ -456,7 +468,7 @@ class KernelRenderer:
             index_type="long long" if big else "int", kernel_prefix=self.r.kernel_prefix,
             launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
             units_per_group=upg, units=units, shared_bytes=self.shared_bytes,
-            declarations=decls, body=body)
+            declarations=decls, body=body, faults=self.faults)
         op_lines = op_line_ranges(src)
         return KernelSource(self.name, src, (groups, 1, 1), (threads, 1, 1), self.shared_bytes,
                             tuple(plist), op_lines)

@@ -42,6 +42,9 @@ class CRenderer:
     to_float = {"float16": "__half2float({})", "bfloat16": "__bfloat162float({})"}
     from_float = {"float16": "__float2half_rn({})", "bfloat16": "__float2bfloat16_rn({})"}
     vector_type = {4: "unsigned int", 8: "uint2", 16: "uint4"}
+    # integer division checks its divisor in the kernel and records a fault for the host
+    # (backends/cstyle/faults.py); a dialect without that refuses integer division itself
+    device_faults = True
 
     def ptr_cast(self, ctype: str, value: str) -> str:
         """`value` (a pointer) as a `ctype` pointer (C dialects spell it `((T*)(v))`)."""

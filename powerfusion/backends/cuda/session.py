@@ -279,7 +279,17 @@ class CudaPlanRunner:
                 self._run_steps(env=env)
             out = {name: self._output(name, env, into.get(name), fresh) for name in names}
             cupy.cuda.get_current_stream().synchronize()
+            self._check_faults()
         return out
+
+    def _check_faults(self) -> None:
+        """A DataError naming the node where a kernel divided an integer by zero in this run."""
+        for ex in self.executors.values():
+            ex.check_faults(self._describe_basic_op)
+
+    def _describe_basic_op(self, name: str) -> str:
+        o = next((n.origin for n in self.graph.nodes if n.name == name), None)
+        return f"node '{o.node}' ({o.op_type}, opset {o.opset})" if o else f"basic op '{name}'"
 
     def all_tensors(self, feeds: dict) -> dict:
         """Every output of every step, on the host (the arena reuses memory, so each step's
