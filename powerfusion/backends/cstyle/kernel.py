@@ -15,7 +15,7 @@ import numpy as np
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
 from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
-from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
+from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
@@ -137,7 +137,24 @@ class KernelRenderer:
     def expr(self, e: Expr) -> str:
         e = _simplified(self, e)   # index arithmetic folded under the ranges it runs in (gir/simplify.py)
         return render_index(e, {"u": "u", "i": "i", "j": "j"},
-                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
+                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops,
+                            checked=self._checked_index if self.r.device_faults else None)
+
+    def _checked_index(self, x: Expr, n: int) -> str:
+        """A gathered index checked in the kernel: out of [-n, n) records a fault (the host
+        raises a DataError naming the gather); the value used is clamped, as before."""
+        from powerfusion.gir.expr import Load
+        def render(e):
+            return render_index(e, {"u": "u", "i": "i", "j": "j"}, self._idx_load, _floor_ops,
+                                checked=self._checked_index)
+        # a loaded index as its raw 64-bit value: a cast to a 32-bit idx_t could wrap it into range
+        src = f"((long long){self.ptr(x.buffer)}[{render(x.index)}])" if isinstance(x, Load) else render(x)
+        buffer = sorted(loads(x))[0]
+        self.faults.append(fault_line(len(self.faults) + 1, "index", buffer, str(n)))
+        return f"pf_checked_index({src}, {n}LL, {len(self.faults)}u)"
+
+    def _idx_load(self, b: str, idx: str) -> str:
+        return f"((idx_t){self.ptr(b)}[{idx}])"
 
     def dtype(self, s: MemorySlice) -> str:
         return self.graph.buffer(s.buffer).dtype

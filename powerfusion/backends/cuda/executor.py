@@ -79,7 +79,7 @@ class GIRExecutor:
     def check_faults(self, describe=None) -> None:
         """Raise a DataError for the first run-time fault a kernel recorded (an integer division
         by zero, backends/cstyle/faults.py), clearing every kernel's record first; call it after
-        the run's stream is synchronised. `describe(basic_op)` names the ONNX node of a basic op."""
+        the run's stream is synchronised. `describe(site)` names the ONNX node of a fault site."""
         raise_first_fault([(lk.fault_word, lk.faults) for lk in self.kernels if lk.fault_word is not None], describe)
 
 
@@ -93,4 +93,4 @@ def raise_first_fault(words, describe=None) -> None:
             word.fill(0)
             first = first or sites.get(code, FaultSite(code, "div", "integer", "?"))
     if first is not None:
-        raise DataError(first.message(describe(first.basic_op) if describe else ""))
+        raise DataError(first.message(describe(first) if describe else ""))
