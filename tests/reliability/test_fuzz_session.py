@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 
 import numpy as np
@@ -46,6 +47,20 @@ def _reference(model, feeds):
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def _mean_of_nothing(model) -> bool:
+    """Whether a ReduceMean reduces an empty set into a non-empty output (ONNX: undefined)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    for n in model.graph.node:
+        if n.op_type == "ReduceMean" and n.input[0] in shapes and n.output[0] in shapes:
+            size_in, size_out = np.prod(shapes[n.input[0]], dtype=np.int64), np.prod(shapes[n.output[0]], dtype=np.int64)
+            if size_in == 0 and size_out > 0:
+                return True
+    return False
 
 
 def magnitude_model(model):
@@ -114,8 +129,9 @@ def check_against_onnxruntime(model, feeds, run=_session) -> None:
         got = run(model, feeds)
     if got is None:
         return
-    # ONNX leaves max/min of NaN open: numpy (ours) propagates it, onnxruntime's reductions drop it
-    nan_open = any(n.op_type in NAN_OPEN for n in model.graph.node)
+    # ONNX leaves max/min of NaN open: numpy (ours) propagates it, onnxruntime's reductions drop
+    # it; and the mean of an empty set (ours NaN, as numpy; onnxruntime 0)
+    nan_open = any(n.op_type in NAN_OPEN for n in model.graph.node) or _mean_of_nothing(model)
     order = _order_tolerance(model, feeds) or [None] * len(want)
     for out, g, w, tol in zip(model.graph.output, got, want, order):
         assert g.shape == w.shape and g.dtype == w.dtype, f"{out.name}: {g.shape} {g.dtype} vs {w.shape} {w.dtype}"
@@ -198,3 +214,24 @@ def test_random_graphs_match_onnxruntime_long(profile, case):
 @given(graphs(max_steps=8))
 def test_random_graphs_compile_with_nvcc_long(case):
     check_nvcc_compiles(*case)
+
+
+def test_order_tolerance_follows_the_summed_magnitudes(monkeypatch):
+    """A sum whose terms cancel may differ by its order (about 2^-24 x sum |terms|), not more."""
+    from onnx import TensorProto as T, helper as h
+    monkeypatch.setattr(sys.modules[__name__], "note", lambda text: None)   # hypothesis notes need a given
+    g = h.make_graph([h.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], "sum",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 3])], [h.make_tensor_value_info("y", T.FLOAT, [2])],
+                     [onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"x": np.array([[1e30, 3.5, -1e30], [1.0, 2.0, 3.0]], np.float32)}
+    magnitudes = _reference(magnitude_model(model), feeds)[0]
+    np.testing.assert_allclose(magnitudes, [2e30, 6.0], rtol=1e-6)
+    want = _reference(model, feeds)[0]
+    other_order = want.copy()
+    other_order[0] = 3.5 if want[0] != 3.5 else 0.0   # (1e30 - 1e30) + 3.5 vs (1e30 + 3.5) - 1e30
+    check_against_onnxruntime(model, feeds, run=lambda m, f: [other_order])
+    wrong = want.copy()
+    wrong[1] += 1e-3                                  # 6 +- 1e-3: beyond 1e-5 + 1e-4 x 6 + 1e-5 x 6
+    with pytest.raises(AssertionError, match="above the bound"):
+        check_against_onnxruntime(model, feeds, run=lambda m, f: [wrong])

@@ -99,7 +99,7 @@ class CudaModule:
         import cupy
         import numpy as np
         ptr = self._module.get_global_var(name)
-        memory = cupy.cuda.UnownedMemory(ptr, 4, self)
+        memory = cupy.cuda.UnownedMemory(ptr, 4, self, cupy.cuda.Device().id)   # the module's device: current at load
         return cupy.ndarray((1,), np.uint32, cupy.cuda.MemoryPointer(memory, 0))
 
 
