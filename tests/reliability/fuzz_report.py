@@ -41,11 +41,13 @@ def run_profile(profile: str, examples: int) -> dict:
 
 
 def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    """HEAD, or PF_FUZZ_COMMIT where the tree is an exported copy (no git)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return os.environ.get("PF_FUZZ_COMMIT") or head.stdout.strip() or "unknown"
 
 
-def write(rows: list[dict]) -> None:
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(),
+def write(rows: list[dict], commit: str) -> None:
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit,
             "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores (shared)", "profiles": rows}
     (RESULTS / "reliability-fuzz.json").write_text(json.dumps(meta, indent=2) + "\n")
     lines = ["# Reliability fuzzer (long profiles)", "",
@@ -69,8 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=5000)
     ap.add_argument("--profiles", nargs="+", default=["session", "interpreter", "nvcc"], choices=sorted(SELECT))
     args = ap.parse_args(argv)
+    commit = _commit()   # the code that is fuzzed, whatever is committed while it runs
     rows = [run_profile(p, args.examples) for p in args.profiles]
-    write(rows)
+    write(rows, commit)
     print((RESULTS / "reliability-fuzz.md").read_text())
     return 0 if all(r["outcome"] == "passed" for r in rows) else 1
 
