@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-SELECT = {"session": "long and session", "interpreter": "long and interpreter", "nvcc": "nvcc_long"}
+SELECT = {"session": "onnxruntime_long and not interpreter", "interpreter": "onnxruntime_long and interpreter",
+          "nvcc": "nvcc_long"}   # -k matches the module name too: "session" alone would select every profile
 _COUNTS = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
