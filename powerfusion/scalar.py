@@ -71,7 +71,8 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
     _f("erf", 1, erf, "erff({0})", flops=16),
     _f("tanh", 1, np.tanh, "tanhf({0})", flops=16),
     _f("sigmoid", 1, lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype), "(1.0f / (1.0f + expf(-{0})))", flops=10),
-    _f("relu", 1, lambda x: np.maximum(x, np.zeros((), x.dtype)), "fmaxf({0}, 0.0f)"),
+    # x < 0 ? 0 : x: NaN and -0.0 pass through, as in onnxruntime (max(x, 0) leaves the zero's sign open)
+    _f("relu", 1, lambda x: np.where(x < 0, np.zeros((), x.dtype), x), "({0} < 0.0f ? 0.0f : {0})"),
     _f("leaky_relu", 1, lambda x, alpha: np.where(x >= 0, x, x * x.dtype.type(alpha)),
        "({0} >= 0.0f ? {0} : {0} * {alpha}f)", flops=2, params=("alpha",)),
     _f("clip", 1, lambda x, lo, hi: np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)),

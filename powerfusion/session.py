@@ -500,7 +500,8 @@ def _execute_steps(partition: Partition, env: dict, profile: list | None, plan: 
 
 def _execute_step(step, env: dict, graph: BasicGraph, plan: "CpuPlan | None") -> None:
     from powerfusion.frontend.index_check import check_gathers, gather_nodes
-    check_gathers(gather_nodes(step.nodes if isinstance(step, Subgraph) else [step.node]), env, graph.tensors)
+    fused = step.nodes if isinstance(step, Subgraph) else ()
+    check_gathers(gather_nodes(fused or [step.node]), env, graph.tensors, fused)
     if isinstance(step, LibraryCall):
         node = step.node
         out = graph.tensors[node.outputs[0]]

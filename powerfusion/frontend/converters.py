@@ -147,9 +147,21 @@ def _dynamic_output_reason(cx: NodeCtx) -> str | None:
     for name in cx.node.output:
         if name and cx.inferred(name) is None:
             return _invalid_inputs_reason(cx) or (
-                f"output '{name}' has no static shape: it depends on run-time data, not on the input shapes "
-                "(every input shape is static here, so --shapes cannot fix it)")
+                f"output '{name}' has no static shape: shape inference gives none although every input shape "
+                f"is static, so it depends on run-time data or an attribute is invalid ({_attributes(cx)}); "
+                "--shapes cannot fix it")
     return None
+
+
+def _attributes(cx: NodeCtx) -> str:
+    """The node's attributes, short (for a message)."""
+    import onnx
+    parts = []
+    for a in cx.node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        text = v.decode(errors="replace") if isinstance(v, bytes) else repr(v)
+        parts.append(f"{a.name}={text[:40]}")
+    return "attributes " + ", ".join(parts) if parts else "no attributes"
 
 
 _PROBE_ELEMENTS = 1 << 16

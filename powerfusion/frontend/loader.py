@@ -67,7 +67,8 @@ def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
     try:
         return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        error = ModelError(f"shape inference failed on {where}: {_first_line(e)}")
+        from powerfusion.frontend.inference_errors import describe_failure
+        error = ModelError(f"shape inference failed on {where}: {describe_failure(proto, e, default_opset(proto))}")
     # ops we do not know (custom domains...) also stop strict inference: report those instead
     from powerfusion.frontend.converters import raise_unsupported
     raise_unsupported(shape_inference.infer_shapes(proto, data_prop=True))

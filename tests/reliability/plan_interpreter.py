@@ -22,7 +22,7 @@ def run_plan(plan: Plan, feeds: dict) -> dict:
             env[node.outputs[0]] = run_library_op(node.op, [env[i] for i in node.inputs], g.tensors[node.outputs[0]].dtype)
             continue
         sub = step.subgraph
-        check_gathers(gather_nodes(sub.nodes), env, g.tensors)
+        check_gathers(gather_nodes(sub.nodes), env, g.tensors, sub.nodes)
         consts = {n for n, _ in step.gir.constants}
         ins = {b: np.asarray(env[t]).reshape(-1) for b, t in step.buffers.items()
                if b in step.gir.inputs and b not in consts}

@@ -105,6 +105,7 @@ class RunBuilder:
     made: set = field(default_factory=set)               # tensors the run writes
     read: dict = field(default_factory=dict)             # tensors it reads from outside -> dtype
     gathers: list = field(default_factory=list)          # gather nodes whose indices come from outside
+    fused: list = field(default_factory=list)            # the nodes of its subgraphs (indices computed there)
 
     def operand(self, name: str) -> str:
         """`T[k]` for a tensor a step reads: a constant's own array, or one fed or made."""
@@ -277,11 +278,11 @@ class Driver:
         for k, a in enumerate(self._arrays):
             if a is not None:
                 self._table[k] = a.ctypes.data
-        self._gathers = tuple(b.gathers)
+        self._gathers, self._fused = tuple(b.gathers), tuple(b.fused)
 
     def run(self, env: dict) -> None:
         if self._gathers:
-            check_gathers(self._gathers, env, self.graph.tensors)
+            check_gathers(self._gathers, env, self.graph.tensors, self._fused)
         held = []   # arrays made here must outlive the call
         table = self._table
         for t, slot, dtype in self._inputs:
@@ -320,6 +321,7 @@ def plan_runs(partition, plan) -> tuple[list, dict[str, str]]:
         if why is None:
             trial.names.append(step_name(step))
             trial.gathers += [n for n in gathers if n.inputs[1] not in trial.made]
+            trial.fused += nodes if isinstance(step, Subgraph) else []
             builder = trial
             continue
         _restore(trial, snapshot)

@@ -56,6 +56,8 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
    the element loops vectorise (a ReLU: 8 -> 0.8 ns an element); Python-style float Mod */
 static inline float pf_fmaxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline float pf_fminf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
+static inline double pf_fmax(double a, double b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+static inline double pf_fmin(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 static inline float pf_floor_modf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
 /* floored division and modulo (GIR semantics); divisors are positive constants */
 static inline long long pf_floordiv(long long a, long long b) { long long q = a / b; return q - ((a % b) < 0); }
@@ -118,6 +120,7 @@ class CPURenderer(CRenderer):
     to_float = {"float16": "((float)({}))", "bfloat16": "pf_bf16_to_f({})"}
     from_float = {"float16": "((_Float16)({}))", "bfloat16": "pf_f_to_bf16({})"}
     vector_type: dict = {}   # no hand-written vector moves: the compiler vectorises the element loops
+    device_faults = False    # integer division: scalar() refuses it (the GIR executor checks the divisor)
 
     def ptr_cast(self, ctype: str, value: str) -> str:
         return f"(({ctype}*)({value}))"
@@ -132,10 +135,10 @@ class CPURenderer(CRenderer):
             raise RenderError(f"integer {fn} ({out_dtype}) runs on the GIR executor, which checks the divisor")
         if fn == "floor_mod":
             return f"pf_floor_modf({operands[0]}, {operands[1]})"
-        text = super().scalar(fn, params, operands, out_dtype)
+        text = super().scalar(fn, params, operands, out_dtype)   # NaN-propagating max/min (pf_fmaxf)
         if out_dtype != "float64":   # float64 keeps libm (the inline forms are float32's)
             text = _INLINE_MATH.sub(r"pf_\1(", text)
-        return text.replace("fmaxf(", "pf_fmaxf(").replace("fminf(", "pf_fminf(")
+        return text
 
     def render(self, graph: GIRGraph) -> list[KernelSource]:
         if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, render_c
+from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, loads, render_c
 from powerfusion.gir.simplify import _Simplifier
 
 NONNEGATIVE_VARS = ("u", "i", "j", "ri")
@@ -26,11 +26,27 @@ def nonneg_ranges() -> _Simplifier:
 
 
 def render_index(e: Expr, names, load: Callable[[str, str], str], floor: Callable[[str, str, str], str],
-                 ranges: _Simplifier | None = None) -> str:
+                 ranges: _Simplifier | None = None, checked: Callable[[Expr, int], str] | None = None) -> str:
     """`render_c(e, names, load, floor)`, except that // and % by a positive constant of a
-    dividend that cannot be negative render as unsigned C division."""
+    dividend that cannot be negative render as unsigned C division, and, with `checked`, a
+    gathered index (`gathered_index`) renders as `checked(index, n)`."""
     ranges = ranges or nonneg_ranges()
-    return render_c(_mark(e, names, load, floor, ranges), names, load, floor)
+    return render_c(_mark(e, names, load, floor, ranges, checked), names, load, floor)
+
+
+def gathered_index(e: Expr) -> tuple[Expr, int] | None:
+    """(x, n) where `e` is a gathered index as the templates build it (templates/common.py
+    wrap_clamp: min(max(x < 0 ? x + n : x, 0), n - 1)) of an x that loads from a buffer."""
+    if not (isinstance(e, BinOp) and e.op == "min" and isinstance(e.b, Const)):
+        return None
+    m = e.a
+    if not (isinstance(m, BinOp) and m.op == "max" and m.b == Const(0) and isinstance(m.a, Select)):
+        return None
+    sel, n = m.a, e.b.value + 1
+    x = sel.b
+    if sel.cond != BinOp("lt", x, Const(0)) or sel.a != BinOp("add", x, Const(n)) or not loads(x):
+        return None
+    return x, n
 
 
 class _Text(Expr):
@@ -41,19 +57,23 @@ class _Text(Expr):
         self.text = text
 
 
-def _mark(e: Expr, names, load, floor, ranges: _Simplifier) -> Expr:
+def _mark(e: Expr, names, load, floor, ranges: _Simplifier, checked=None) -> Expr:
+    def mark(x):
+        return _mark(x, names, load, floor, ranges, checked)
     if isinstance(e, BinOp):
+        if checked is not None and (g := gathered_index(e)) is not None:
+            return _Text(checked(g[0], g[1]))
         if (e.op in ("floordiv", "mod") and isinstance(e.b, Const) and e.b.value > 0
                 and ranges.range(e.a)[0] >= 0):
-            a = render_c(_mark(e.a, names, load, floor, ranges), names, load, floor)
+            a = render_c(mark(e.a), names, load, floor)
             sym = "/" if e.op == "floordiv" else "%"
             return _Text(f"((idx_t)((uidx_t)({a}) {sym} {e.b.value}u))")
-        a, b = _mark(e.a, names, load, floor, ranges), _mark(e.b, names, load, floor, ranges)
+        a, b = mark(e.a), mark(e.b)
         return e if (a is e.a and b is e.b) else BinOp(e.op, a, b)
     if isinstance(e, Select):
-        c, a, b = (_mark(x, names, load, floor, ranges) for x in (e.cond, e.a, e.b))
+        c, a, b = (mark(x) for x in (e.cond, e.a, e.b))
         return e if (c is e.cond and a is e.a and b is e.b) else Select(c, a, b)
     if isinstance(e, Load):
-        idx = _mark(e.index, names, load, floor, ranges)
+        idx = mark(e.index)
         return e if idx is e.index else Load(e.buffer, idx)
     return e

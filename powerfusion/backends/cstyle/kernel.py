@@ -13,13 +13,15 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
+from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
-from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, render_c, substitute, Const, I, J, U, variables
+from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, render_c, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
 _IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-INFINITY)", "min": "(INFINITY)"}
-_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})"}
+# max/min combine with the dialect's NaN-propagating helpers (renderer.nan_propagating says why)
+_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "pf_fmaxf({a}, {b})", "min": "pf_fminf({a}, {b})"}
 # integer and bool reductions accumulate exactly in 64-bit integers (a float accumulator
 # rounds sums above 2^24 and turns an empty max's -inf into true)
 _INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
@@ -80,6 +82,7 @@ class KernelRenderer:
         self.sanitize = sanitize
         self._names = UniqueNames()
         self.reg = self._register_layouts()
+        self.faults: list[str] = []   # the fault table's lines (see fault_line)
         self.smem_offsets, self.shared_bytes = self._shared_layout()
 
     # ---- layouts ------------------------------------------------------------------
@@ -134,7 +137,24 @@ class KernelRenderer:
     def expr(self, e: Expr) -> str:
         e = _simplified(self, e)   # index arithmetic folded under the ranges it runs in (gir/simplify.py)
         return render_index(e, {"u": "u", "i": "i", "j": "j"},
-                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops)
+                            load=lambda b, idx: f"((idx_t){self.ptr(b)}[{idx}])", floor=_floor_ops,
+                            checked=self._checked_index if self.r.device_faults else None)
+
+    def _checked_index(self, x: Expr, n: int) -> str:
+        """A gathered index checked in the kernel: out of [-n, n) records a fault (the host
+        raises a DataError naming the gather); the value used is clamped, as before."""
+        from powerfusion.gir.expr import Load
+        def render(e):
+            return render_index(e, {"u": "u", "i": "i", "j": "j"}, self._idx_load, _floor_ops,
+                                checked=self._checked_index)
+        # a loaded index as its raw 64-bit value: a cast to a 32-bit idx_t could wrap it into range
+        src = f"((long long){self.ptr(x.buffer)}[{render(x.index)}])" if isinstance(x, Load) else render(x)
+        buffer = sorted(loads(x))[0]
+        self.faults.append(fault_line(len(self.faults) + 1, "index", buffer, str(n)))
+        return f"pf_checked_index({src}, {n}LL, {len(self.faults)}u)"
+
+    def _idx_load(self, b: str, idx: str) -> str:
+        return f"((idx_t){self.ptr(b)}[{idx}])"
 
     def dtype(self, s: MemorySlice) -> str:
         return self.graph.buffer(s.buffer).dtype
@@ -311,8 +331,18 @@ class KernelRenderer:
             dt = self.dtype(s)
             ref = self.ref(s, "slot")
             operands.append(self.r.convert(ref, dt, "float32") if dt in ("float16", "bfloat16") else ref)
-        val = self.r.scalar(op.args.fn, dict(op.args.params), operands, odt)
+        fn = op.args.fn
+        if fn in FAULTING and odt in INTEGER_DTYPES and self.r.device_faults:
+            site = self._fault_site(fn, op.origin, odt)
+            val = f"pf_checked_{fn}<{self.r.ctype[odt]}>({operands[0]}, {operands[1]}, {site}u)"
+        else:
+            val = self.r.scalar(fn, dict(op.args.params), operands, odt)
         return self._lane_loop(out, [f"{self.ref(out, 'slot')} = {val};"])
+
+    def _fault_site(self, fn: str, origin: str, dtype: str) -> int:
+        """A new run-time fault site's code (1, 2, ...), listed in the source's fault table."""
+        self.faults.append(fault_line(len(self.faults) + 1, fn, origin, dtype))
+        return len(self.faults)
 
     def _reduce(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
@@ -455,7 +485,7 @@ class KernelRenderer:
             index_type="long long" if big else "int", kernel_prefix=self.r.kernel_prefix,
             launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
             units_per_group=upg, units=units, shared_bytes=self.shared_bytes,
-            declarations=decls, body=body)
+            declarations=decls, body=body, faults=self.faults)
         op_lines = op_line_ranges(src)
         return KernelSource(self.name, src, (groups, 1, 1), (threads, 1, 1), self.shared_bytes,
                             tuple(plist), op_lines)

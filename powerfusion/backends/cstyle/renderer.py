@@ -42,6 +42,9 @@ class CRenderer:
     to_float = {"float16": "__half2float({})", "bfloat16": "__bfloat162float({})"}
     from_float = {"float16": "__float2half_rn({})", "bfloat16": "__float2bfloat16_rn({})"}
     vector_type = {4: "unsigned int", 8: "uint2", 16: "uint4"}
+    # integer division checks its divisor in the kernel and records a fault for the host
+    # (backends/cstyle/faults.py); a dialect without that refuses integer division itself
+    device_faults = True
 
     def ptr_cast(self, ctype: str, value: str) -> str:
         """`value` (a pointer) as a `ctype` pointer (C dialects spell it `((T*)(v))`)."""
@@ -84,7 +87,19 @@ class CRenderer:
         if fn == "cast":
             return self.convert(operands[0], "float32", out_dtype) if out_dtype in self.from_float else \
                 f"({self.ctype[out_dtype]})({operands[0]})"
-        return tmpl.format(*operands, **kw)
+        return nan_propagating(tmpl.format(*operands, **kw))
+
+
+# C's fmaxf/fminf return the other operand when one is NaN; ONNX Max/Min/Relu/Clip (and numpy,
+# onnxruntime) give NaN. Every C-style dialect defines pf_fmaxf/pf_fminf (float) and
+# pf_fmax/pf_fmin (double) as `(a != a || b != b) ? a + b : fmaxf(a, b)`: one compare more.
+_NAN_DROPPING = re.compile(r"(?<![\w])(fmaxf|fminf|fmax|fmin)\(")
+
+
+def nan_propagating(text: str) -> str:
+    """`text` with C's NaN-dropping max/min replaced by the dialect's NaN-propagating helpers
+    (idempotent: a helper's name is not matched again)."""
+    return _NAN_DROPPING.sub(r"pf_\1(", text)
 
 
 def _dtype_name(v) -> str:

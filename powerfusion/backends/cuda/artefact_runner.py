@@ -45,6 +45,7 @@ class ArtefactRunner:
 
     def run_device(self, feeds: dict, names=None, into: dict | None = None) -> dict:
         import cupy
+        from powerfusion.backends.cuda.executor import raise_first_fault
         from powerfusion.backends.cuda.session import _device_layout
         names = [t.name for t in self.graph.outputs] if names is None else list(names)
         with cupy.cuda.Device(self.device_id):
@@ -61,6 +62,8 @@ class ArtefactRunner:
                     target[...] = self.tensors[n].reshape(target.shape)
                     out[n] = target
             cupy.cuda.get_current_stream().synchronize()
+            raise_first_fault([(k["fault_word"], k["faults"]) for step in self.steps if step[0] == "kernels"
+                               for k in step[1] if k["fault_word"] is not None])
         return out
 
     def _run(self, step) -> None:
@@ -114,13 +117,16 @@ def _device_array(host: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 def _load_kernel(folder, k: dict) -> dict:
     from powerfusion.backends.cuda.runtime import compile_source
+    from powerfusion.backends.cstyle.faults import FAULT_WORD, fault_sites
     source = (folder / k["file"]).read_text()
-    function = compile_source(source, name=k["name"]).kernel(k["name"])
+    module = compile_source(source, name=k["name"])
+    function = module.kernel(k["name"])
+    faults = fault_sites(source)   # integer division by zero, checked after each run
     if int(k["shared_bytes"]) > 48 * 1024:   # above 48 KB a kernel must opt in to dynamic shared memory
         from cupy.cuda import driver
         driver.funcSetAttribute(function.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                 int(k["shared_bytes"]))
-    return {**k, "function": function}
+    return {**k, "function": function, "faults": faults, "fault_word": module.word(FAULT_WORD) if faults else None}
 
 
 def _scratch(folder, entries: list) -> dict:

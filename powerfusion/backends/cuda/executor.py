@@ -1,11 +1,13 @@
 """Runs a rewritten GIR graph's kernels on CuPy arrays (one launch per kernel, in order)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from powerfusion.backends.cstyle.faults import FAULT_WORD, FaultSite, fault_sites
 from powerfusion.backends.source import KernelSource
+from powerfusion.errors import DataError
 from powerfusion.gir.interpreter import np_dtype
 
 
@@ -19,6 +21,8 @@ from powerfusion.gir.ir import GIRGraph, Level
 class LoadedKernel:
     source: KernelSource
     kernel: object  # runtime.CompiledKernel
+    faults: dict = field(default_factory=dict)   # site code -> faults.FaultSite
+    fault_word: object = None                     # the module's pf_fault (CuPy uint32[1]) where it has sites
 
 
 class GIRExecutor:
@@ -42,7 +46,8 @@ class GIRExecutor:
                 from cupy.cuda import driver
                 driver.funcSetAttribute(k.function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                         ks.shared_bytes)
-            self.kernels.append(LoadedKernel(ks, k))
+            sites = fault_sites(ks.source)
+            self.kernels.append(LoadedKernel(ks, k, sites, mod.word(FAULT_WORD) if sites else None))
         interface = set(graph.inputs) | set(graph.outputs)
         consts = dict(graph.constants)
         self.scratch = {}
@@ -70,3 +75,22 @@ class GIRExecutor:
                                      f"{self.graph.buffer(name).size} x {dtype}, got {a.size} x {a.dtype}")
                 args.append(a)
             lk.kernel.launch(lk.source.grid, lk.source.block, args, shared_mem=lk.source.shared_bytes, stream=stream)
+
+    def check_faults(self, describe=None) -> None:
+        """Raise a DataError for the first run-time fault a kernel recorded (an integer division
+        by zero, backends/cstyle/faults.py), clearing every kernel's record first; call it after
+        the run's stream is synchronised. `describe(site)` names the ONNX node of a fault site."""
+        raise_first_fault([(lk.fault_word, lk.faults) for lk in self.kernels if lk.fault_word is not None], describe)
+
+
+def raise_first_fault(words, describe=None) -> None:
+    """`words`: (a module's pf_fault word, its kernel's fault sites) pairs. Reads and clears
+    each word; a DataError for the first that holds a site code."""
+    first: FaultSite | None = None
+    for word, sites in words:
+        code = int(word.get()[0])
+        if code:
+            word.fill(0)
+            first = first or sites.get(code, FaultSite(code, "div", "integer", "?"))
+    if first is not None:
+        raise DataError(first.message(describe(first) if describe else ""))

@@ -93,6 +93,15 @@ class CudaModule:
     def kernel(self, name: str) -> CompiledKernel:
         return CompiledKernel(name, self._module.get_function(name), self.binary_kind)
 
+    def word(self, name: str):
+        """A module's `__device__ unsigned int <name>` as a one-element CuPy uint32 array (a view
+        of the variable: reading it copies it down, filling it writes it)."""
+        import cupy
+        import numpy as np
+        ptr = self._module.get_global_var(name)
+        memory = cupy.cuda.UnownedMemory(ptr, 4, self, cupy.cuda.Device().id)   # the module's device: current at load
+        return cupy.ndarray((1,), np.uint32, cupy.cuda.MemoryPointer(memory, 0))
+
 
 def compile_source(source: str, options: tuple[str, ...] = (), *, name: str = "pf_kernels",
                    cache: KernelCache | None = None, device: int | None = None) -> CudaModule:

@@ -279,7 +279,30 @@ class CudaPlanRunner:
                 self._run_steps(env=env)
             out = {name: self._output(name, env, into.get(name), fresh) for name in names}
             cupy.cuda.get_current_stream().synchronize()
+            self._check_faults()
         return out
+
+    def _check_faults(self) -> None:
+        """A DataError naming the node where a kernel divided an integer by zero or gathered
+        with an index out of range in this run (backends/cstyle/faults.py)."""
+        for s in self.plan.kernel_steps:
+            self.executors[s.name].check_faults(lambda site, s=s: self._describe_site(s, site))
+
+    def _describe_site(self, step, site) -> str:
+        if site.fn == "index":   # the gather whose indices the buffer holds, else the one gather of that axis size
+            from powerfusion.basic import Gather, GatherElements
+            tensor = step.buffers.get(site.basic_op, site.basic_op)
+            gathers = [n for n in step.subgraph.nodes if isinstance(n.op, (Gather, GatherElements))]
+            sized = [n for n in gathers if str(self.graph.tensors[n.inputs[0]].shape[n.op.axis]) == site.dtype]
+            node = next((n for n in gathers if n.inputs[1] == tensor), sized[0] if len(sized) == 1 else None)
+            tail = f" with indices '{node.inputs[1]}'" if node is not None else ""
+        else:
+            node = next((n for n in self.graph.nodes if n.name == site.basic_op), None)
+            tail = ""
+        if node is None:
+            return ""
+        o = node.origin
+        return f"node '{o.node}' ({o.op_type}, opset {o.opset}){tail}"
 
     def all_tensors(self, feeds: dict) -> dict:
         """Every output of every step, on the host (the arena reuses memory, so each step's
