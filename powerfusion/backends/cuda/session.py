@@ -58,9 +58,9 @@ class CudaPlanRunner:
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
         self._int8 = None          # int8 GEMMs on our cuBLAS handle (int8_gemm.Int8Gemm), made when needed
-        self._plan_convs(cupy)
         from powerfusion.backends.cuda import ape_route
         self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
+        self._plan_convs(cupy)
 
     def _plan_convs(self, cupy) -> None:
         """Each Conv step's route, chosen once here: a cuDNN graph built for its shapes
@@ -68,7 +68,13 @@ class CudaPlanRunner:
         im2col + cuBLAS with the reason in `fallbacks`."""
         from powerfusion.backends.cuda import cudnn_conv
         convs = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Conv)]
-        self.convs, self.fallbacks = cudnn_conv.plan_convs(self.graph, convs, self.device_id)
+        ape = []   # fp32 convs under fp32_matmul=<Ape mode> run through their GEMM, which Ape emulates
+        if self._ape is not None:
+            ape = [n for n in convs if np.dtype(self.graph.tensors[n.inputs[0]].dtype) == np.float32]
+        self.convs, self.fallbacks = cudnn_conv.plan_convs(self.graph, [n for n in convs if n not in ape],
+                                                           self.device_id)
+        for node in ape:
+            self.fallbacks[node.name] = f"fp32_matmul={self._ape.mode}: im2col + the Ape-emulated GEMM"
         self.conv_routes = {n: f"im2col + cuBLAS (cuDNN not used: {why})" for n, why in self.fallbacks.items()}
         for node in convs:
             if node.name in self.convs:
