@@ -67,7 +67,12 @@ def has_gir_template(graph: BasicGraph, node: BasicNode) -> bool:
     op = node.op
     if isinstance(op, MatMul):
         a = graph.tensors[node.inputs[0]].shape
+        b = graph.tensors[node.inputs[1]].shape
         rows = 1 if len(a) < 2 else (a[-1] if op.trans_a else a[-2])
+        if len(b) <= 2 and not op.trans_a:
+            # B shared by every product: the batch folds into the rows of one GEMM, e.g. a
+            # channels-last linear (1, 7, 7, 768) x (768, 3072) is 49 x 768 x 3072, not 7 GEMVs
+            rows = int(np.prod([int(d) for d in a[:-1]], dtype=np.int64)) if len(a) >= 2 else 1
         return rows <= GEMV_MAX_ROWS
     if isinstance(op, Conv):
         x, w = graph.tensors[node.inputs[0]].shape, graph.tensors[node.inputs[1]].shape

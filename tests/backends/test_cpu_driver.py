@@ -169,3 +169,34 @@ def test_outputs_that_are_constants_or_feeds_are_copies():
     np.testing.assert_array_equal(c2, np.arange(6, dtype=np.float32).reshape(2, 3))
     np.testing.assert_array_equal(r2, 0.0)
     assert r2 is not r
+
+
+def _unary_model(op: str) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 3])
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], f"one_{op.lower()}", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_runs_of_the_same_text_keep_their_own_kernels():
+    """Two runs whose generated C is the same text (one kernel, one input, one output) share
+    one cached shared object; each must still call its own kernel, whichever was bound last,
+    within a session (split by a step left to Python) and across sessions."""
+    x = np.random.default_rng(5).uniform(-1, 1, (2, 3, 3)).astype(np.float32)
+    relu = InferenceSession(_unary_model("Relu"), target="cpu")
+    exp = InferenceSession(_unary_model("Exp"), target="cpu")
+    np.testing.assert_allclose(relu.run(None, {"x": x})[0], np.maximum(x, 0), rtol=1e-6)
+    np.testing.assert_allclose(exp.run(None, {"x": x})[0], np.exp(x), rtol=1e-6)
+
+    pytest.importorskip("onnxruntime")
+    xt = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])
+    yt = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["d"], name="the_det"),
+             helper.make_node("Exp", ["d"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "relu_det_exp", [xt], [yt]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.warns(Warning):
+        sess = InferenceSession(model, target="cpu", options={"fallback": "onnxruntime"})
+    xp = np.abs(x) + 0.1
+    want = np.exp(np.linalg.det(xp.astype(np.float64)))
+    np.testing.assert_allclose(sess.run(None, {"x": xp})[0], want, rtol=1e-5)

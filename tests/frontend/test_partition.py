@@ -29,6 +29,17 @@ def test_decode_attention_scores_are_memory_bound():
     assert not partition_graph(g, "h100").library_calls
 
 
+def test_shared_weight_batch_folds_into_gemm_rows():
+    # a channels-last linear: 7 rows per product, but the weight is shared, so one 49-row GEMM
+    # (fp16: its intensity is below the ridge point, so only the template question decides)
+    g = import_model(make_model("MatMul", {"x": f(1, 7, 7, 768).astype(np.float16)}, {"w": f(768, 3072).astype(np.float16)}))
+    (call,) = partition_graph(g, "h200").steps
+    assert isinstance(call, LibraryCall)
+    # a batch of independent products of few rows each stays a batched GEMV
+    g = import_model(make_model("MatMul", {"x": f(7, 2, 64)}, {"w": f(7, 64, 64)}))
+    assert not partition_graph(g, "h200").library_calls
+
+
 def test_big_matmul_is_a_library_call():
     g = import_model(make_model("MatMul", {"a": f(512, 512), "b": f(512, 512)}))
     p = partition_graph(g, "cpu")
