@@ -2,8 +2,7 @@
 ONNX-to-ONNX rewrite (powerfusion.precision.amp); the result is a standard ONNX model."""
 from __future__ import annotations
 
-from powerfusion.cli.common import check_model_path, progress
-from powerfusion.errors import PowerFusionError
+from powerfusion.cli.common import load_model, progress
 
 HELP = "rewrite an fp32 model to mixed precision (fp16 / bf16) and write it as ONNX"
 
@@ -22,11 +21,7 @@ def main(args) -> int:
 
     from powerfusion.precision import AmpConfig, AmpReport, convert_precision, precision_dtype
     from powerfusion.precision.lists import parse_op_list
-    path = check_model_path(args.model)
-    try:
-        model = onnx.load(path)
-    except Exception as e:
-        raise PowerFusionError(f"'{path}' is not a readable ONNX model ({e})") from None
+    path, model = load_model(args.model)
     config = AmpConfig(dtype=precision_dtype(args.precision), cost_target=args.cost_target).with_ops(
         parse_op_list(args.fp16_ops), parse_op_list(args.fp32_ops))
     report = AmpReport()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.cli.common import check_model_path, progress
+from powerfusion.cli.common import load_model, progress
 from powerfusion.errors import PowerFusionError
 
 HELP = "quantise an fp32 model to INT8 (QDQ ONNX) from calibration data, or dynamically"
@@ -31,11 +31,7 @@ def main(args) -> int:
 
     from powerfusion.precision.calibration import load_calibration
     from powerfusion.precision.ptq import QuantizeOptions, quantize_model
-    path = check_model_path(args.model)
-    try:
-        model = onnx.load(path)
-    except Exception as e:
-        raise PowerFusionError(f"'{path}' is not a readable ONNX model ({e})") from None
+    path, model = load_model(args.model)
     if not args.dynamic and not args.calibration:
         raise PowerFusionError("static quantisation needs --calibration DATA.npz (or pass --dynamic)")
     data = load_calibration(args.calibration, model) if args.calibration else None

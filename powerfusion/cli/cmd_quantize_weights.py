@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from powerfusion.cli.common import check_model_path, progress
+from powerfusion.cli.common import load_model, progress
 from powerfusion.errors import PowerFusionError
 
 HELP = "quantise MatMul weights to int4 / nf4 / fp4 / mxfp4 / fp8 / int2 / int1 (MatMulNBits or MatMulLowBit)"
@@ -46,11 +46,7 @@ def quantize_weights_model(model, dtype: str, group: int | None, act: str | None
 
 def main(args) -> int:
     import onnx
-    path = check_model_path(args.model)
-    try:
-        model = onnx.load(path)
-    except Exception as e:
-        raise PowerFusionError(f"'{path}' is not a readable ONNX model ({e})") from None
+    path, model = load_model(args.model)
     progress(f"quantising MatMul weights to {args.dtype}" + (" with int8 activations" if args.act else ""))
     try:
         out, op = quantize_weights_model(model, args.dtype, args.group, args.act)

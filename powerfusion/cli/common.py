@@ -71,6 +71,16 @@ def check_model_path(path: str) -> str:
     return path
 
 
+def load_model(path: str):
+    """(resolved path, ModelProto) of a model argument; an unreadable file is a PowerFusionError."""
+    import onnx
+    path = check_model_path(path)
+    try:
+        return path, onnx.load(path)
+    except Exception as e:
+        raise PowerFusionError(f"'{path}' is not a readable ONNX model ({e})") from None
+
+
 def parse_shapes(text: str | None):
     if not text:
         return None

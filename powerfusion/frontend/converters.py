@@ -171,7 +171,6 @@ def _invalid_inputs_reason(cx: NodeCtx) -> str | None:
     """Where every input is a constant or has a small static shape, run the node once on zeros
     with the ONNX reference: its error names what is wrong (Reshape with two -1, Slice step 0,
     a Split that does not add up), which "no static shape" would hide."""
-    import onnx
     from powerfusion.frontend.fold import _evaluate
     feeds, total = {}, 0
     for i, name in enumerate(cx.node.input):

@@ -31,7 +31,6 @@ optimised graph onto it (plancache.py), so repeated layers and warm compiles ski
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, replace
 

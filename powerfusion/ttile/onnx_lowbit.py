@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from powerfusion.errors import NodeError
 
+from .onnx_quant import _unique
 from .quant import QuantizedWeight, pack_bits, quantize, unpack_bits
 from .ttype import e8m0_decode, get_ttype
 
@@ -234,12 +235,3 @@ def quantize_model_lowbit(model: onnx.ModelProto, W_dtype: str, group_size: int 
     if not any(o.domain == PF_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PF_DOMAIN, 1))
     return model
-
-
-def _unique(name: str, taken) -> str:
-    base = "".join(c if c.isalnum() else "_" for c in name) or "matmul"
-    out, i = base, 0
-    while out + "_q" in taken:
-        i += 1
-        out = f"{base}_{i}"
-    return out

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from powerfusion.backends.cpu.library import threads
-from powerfusion.basic import BasicGraph, Conv, LibraryCall, MatMul, Subgraph
+from powerfusion.basic import BasicGraph, Conv, MatMul, Subgraph
 from powerfusion.frontend.index_check import check_gathers, gather_nodes
 from powerfusion.gir.interpreter import np_dtype
 

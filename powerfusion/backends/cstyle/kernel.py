@@ -15,7 +15,7 @@ import numpy as np
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
 from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
-from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, render_c, substitute, Const, I, J, U, variables
+from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
 
@@ -167,10 +167,10 @@ class KernelRenderer:
         if s.level == Level.REGISTER:
             lay = self.reg[s.buffer]
             if lay.replicated:
-                return [f"#pragma unroll", f"for (int i = 0; i < {s.num}; ++i) {{ const int j = 0; const int slot = i;",
+                return ["#pragma unroll", f"for (int i = 0; i < {s.num}; ++i) {{ const int j = 0; const int slot = i;",
                         *["  " + b for b in body], "}"]
             per = s.width // (L * lay.vec)
-            return [f"#pragma unroll", f"for (int i = 0; i < {s.num}; ++i)", "#pragma unroll",
+            return ["#pragma unroll", f"for (int i = 0; i < {s.num}; ++i)", "#pragma unroll",
                     f"for (int c = 0; c < {per}; ++c)", "#pragma unroll", f"for (int v = 0; v < {lay.vec}; ++v) {{",
                     f"  const int j = (c * {L} + lane) * {lay.vec} + v;",
                     f"  const int slot = i * {s.width // L} + c * {lay.vec} + v;", *["  " + b for b in body], "}"]
@@ -255,8 +255,8 @@ class KernelRenderer:
         ok = "true"
         both = " && ".join(f"({m})" for m in (gv, rv) if m)
         if both:
-            lines.append(f"  bool ok = true;")
-            lines.append(f"  #pragma unroll")
+            lines.append("  bool ok = true;")
+            lines.append("  #pragma unroll")
             lines.append(f"  for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; ok = ok && {both}; }}")
             ok = "ok"
         gt = self.r.ctype[gdt]
@@ -265,7 +265,7 @@ class KernelRenderer:
             fill = self._fill(src.fill, gdt, rdt)
             lines += [f"  if ({ok}) {{ {gt} t[{vec}]; *reinterpret_cast<{vt}*>(t) = "
                       f"*reinterpret_cast<const {vt}*>(&{self.ptr(glob.buffer)}[a0]);",
-                      f"    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "
+                      "    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "
                       f"{self.ref(reg, 'slot0 + v')} = {self.r.convert('t[v]', gdt, rdt)}; }}"]
             if both:
                 load = self.r.convert(f"{self.ptr(glob.buffer)}[{elem}]", gdt, rdt)
@@ -274,7 +274,7 @@ class KernelRenderer:
                 lines += [f"  else {{ for (int v = 0; v < {vec}; ++v) {{ const int j = j0 + v; "
                           f"{owned}{self.ref(reg, 'slot0 + v')} = {val}; }} }}"]
         else:
-            lines += [f"  if ({ok}) {{ {gt} t[{vec}];", f"    #pragma unroll",
+            lines += [f"  if ({ok}) {{ {gt} t[{vec}];", "    #pragma unroll",
                       f"    for (int v = 0; v < {vec}; ++v) t[v] = {self.r.convert(self.ref(reg, 'slot0 + v'), rdt, gdt)};",
                       f"    *reinterpret_cast<{vt}*>(&{self.ptr(glob.buffer)}[a0]) = *reinterpret_cast<{vt}*>(t); }}"]
             if both:

@@ -174,7 +174,7 @@ class OpEmitter:
         fs = flat_start(src)
         direct = src.level != Level.GLOBAL and fs is not None and src.valid is None and self.dtype(src) == ddt
         a, v = self.at(dst, "k", "d")
-        lines = [f"{{ int pf_n = 0, pf_a0 = 0, pf_k0 = 0;", f"  for (int k = 0; k < {src.count}; ++k) {{",
+        lines = ["{ int pf_n = 0, pf_a0 = 0, pf_k0 = 0;", f"  for (int k = 0; k < {src.count}; ++k) {{",
                  f"    {self._coords(src, 's')} {self._coords(dst, 'd')}"]
         ctype = self.r.ctype[ddt]
         if direct:
