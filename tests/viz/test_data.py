@@ -225,7 +225,7 @@ def test_a_search_cut_short_by_its_budget_says_so(monkeypatch, tmp_path):
         plancache.clear_memo()
     (sg,) = data["subgraphs"]
     assert sg["error"] is None and sg["stages"]
-    assert "time budget: rewrote 1 of" in sg["note"] and "not tried" in sg["note"]
+    assert "time cap: rewrote 1 of" in sg["note"] and "not tried" in sg["note"]
 
 
 def test_channel_shuffle_walkthrough():
