@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness import RESULTS_DIR, _latency, _time_with_events, input_sets_needed, l2_bytes, run_metadata  # noqa: E402
+from harness import RESULTS_DIR, input_sets_needed, l2_bytes, run_metadata, time_cupy  # noqa: E402
 
 # name: (C_in, H, W, C_out, kernel, stride, pad, group)
 LAYERS = {
@@ -81,24 +81,8 @@ def _arrays(shape, sets):
 def _time_captured(fn, arg_sets, bind) -> dict:
     """Device time per call by replaying one captured graph of fn over every arg set (`bind`
     gives the handles the capture stream first), and the per-call latency."""
-    import cupy
-    for args in arg_sets:
-        fn(*args)
-    cupy.cuda.Device().synchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        bind(stream)
-        stream.begin_capture()
-        try:
-            for args in arg_sets:
-                fn(*args)
-        finally:
-            graph = stream.end_capture()
-        graph.upload(stream)
-        per_replay, _ = _time_with_events(lambda: graph.launch(stream), cupy.cuda.Event, stream.synchronize)
-    bind(cupy.cuda.get_current_stream())
-    latency = _latency(lambda i: fn(*arg_sets[i % len(arg_sets)]), cupy.cuda.Device().synchronize, 30)
-    return {"device_time_s": per_replay / len(arg_sets), "latency_s": latency, "method": "cuda-graph"}
+    t = time_cupy(fn, arg_sets, latency_calls=30, bind=bind)
+    return {"device_time_s": t.device_time_s, "latency_s": t.latency_s, "method": t.method}
 
 
 def _ours_cudnn(shape, arg_sets) -> dict:

@@ -99,8 +99,11 @@ def count_torch_kernels(fn: Callable, args: tuple) -> int:
 
 
 # ---- cupy -------------------------------------------------------------------------------
-def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50) -> Timing:
-    """As time_torch, for callables on CuPy arrays (stream capture into a cupy.cuda.Graph)."""
+def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50,
+              bind: Callable | None = None) -> Timing:
+    """As time_torch, for callables on CuPy arrays (stream capture into a cupy.cuda.Graph).
+    `bind(stream)`, when given, points fn's library handles (cuBLAS, cuDNN) at the capture
+    stream before the capture, and back at the current stream before the latency calls."""
     import cupy
     for args in arg_sets:
         fn(*args)
@@ -108,6 +111,8 @@ def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50) -> T
     stream = cupy.cuda.Stream(non_blocking=True)
     try:
         with stream:
+            if bind is not None:
+                bind(stream)
             stream.begin_capture()
             try:
                 for args in arg_sets:
@@ -120,6 +125,8 @@ def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50) -> T
         run, method = (lambda: [fn(*a) for a in arg_sets]), "events"
     with stream:
         per_replay, replays = _time_with_events(run, cupy.cuda.Event, stream.synchronize)
+    if bind is not None:
+        bind(cupy.cuda.get_current_stream())
     sync = cupy.cuda.Device().synchronize
     latency = _latency(lambda i: fn(*arg_sets[i % len(arg_sets)]), sync, latency_calls)
     return Timing(per_replay / len(arg_sets), latency, method, len(arg_sets), replays)

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from powerfusion.errors import NodeError
 
-from .onnx_quant import _unique
+from .onnx_quant import _unique, copy_with_uses
 from .quant import QuantizedWeight, pack_bits, quantize, unpack_bits
 from .ttype import e8m0_decode, get_ttype
 
@@ -199,13 +199,8 @@ def quantize_model_lowbit(model: onnx.ModelProto, W_dtype: str, group_size: int 
     """Every MatMul(A, B) with B a constant 2-D float [K, N] -> MatMulLowBit; other nodes unchanged.
     An initializer used only by rewritten MatMuls is dropped."""
     block = check_lowbit_args(W_dtype, group_size, act_dtype)
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model, inits, users = copy_with_uses(model)
     g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    users: dict[str, int] = {}
-    for n in g.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     nodes, rewritten = [], {}
     typed = {v.name for v in list(g.input) + list(g.value_info)} | set(inits)

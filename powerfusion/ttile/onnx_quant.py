@@ -41,13 +41,8 @@ def quantize_weights(model: onnx.ModelProto, W_dtype: str = "int4", group_size: 
     if group_size < 32 or group_size & (group_size - 1):   # MatMulNBits: >= 16; our kernels: >= 32
         raise ValueError(f"block_size must be a power of two >= 32, got {group_size}")
     bits = NBITS_WTYPES[W_dtype]
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model, inits, users = copy_with_uses(model)
     g = model.graph
-    inits = {t.name: t for t in g.initializer}
-    users: dict[str, int] = {}
-    for n in g.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
     new_nodes, drop = [], set()
     for node in g.node:
         b = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -89,6 +84,18 @@ def quantize_weights(model: onnx.ModelProto, W_dtype: str = "int4", group_size: 
     if not _opset(model, MS_DOMAIN):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model
+
+
+def copy_with_uses(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict, dict[str, int]]:
+    """A copy of the model to rewrite, its initializers by name, and how many node inputs read
+    each tensor (an initializer read only by rewritten nodes can be dropped)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {t.name: t for t in model.graph.initializer}
+    users: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    return model, inits, users
 
 
 def _unique(name: str, taken) -> str:
