@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
+from conftest import require_tool
 from powerfusion.frontend import import_model, partition_graph
 from powerfusion.gir.expr import I, J, U
 from powerfusion.gir.interpreter import run_gir
@@ -450,7 +451,6 @@ def test_long_rows_are_streamed_once_per_statistic(kind, tmp_path):
     """The rendered CUDA kernel of a 65536-wide row: three streamed loops over the row (three
     reads of x) before the rule, two after (the statistics' pass, the output's pass); the
     one-pass source compiles (nvcc, where installed)."""
-    import shutil
     import subprocess
     from powerfusion.backends.cuda.renderer import CUDARenderer
     model = _softmax_model([2, 65536]) if kind == "softmax" else _model("layernorm", [2, 65536])[0]
@@ -459,8 +459,6 @@ def test_long_rows_are_streamed_once_per_statistic(kind, tmp_path):
     (before,), (after,) = CUDARenderer().render(two), CUDARenderer().render(one)
     assert before.source.count("for (int ri = 0;") == 3
     assert after.source.count("for (int ri = 0;") == 2
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc not installed")
+    nvcc = require_tool("nvcc")
     (tmp_path / "k.cu").write_text(after.source)
     subprocess.run([nvcc, "-arch=sm_90", "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")], check=True)
