@@ -91,12 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default="")
     args = ap.parse_args(argv)
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        print(f"bench_models needs torch with a CUDA device ({e})", file=sys.stderr)
+    from harness import torch_cuda_missing
+    if torch_cuda_missing("bench_models"):
         return 2
     rows = []
     for name in CNNS:

@@ -297,12 +297,8 @@ def main(argv=None) -> int:
     impls = _csv(args.impls, IMPLS, "impl")
     batches = [int(b) for b in args.batches.split(",") if b]
     profiled = set(_csv(args.profile, zoo_models.MODELS, "model"))
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA device")
-    except Exception as e:
-        print(f"bench_zoo needs torch with a CUDA device ({e})", file=sys.stderr)
+    from harness import torch_cuda_missing
+    if torch_cuda_missing("bench_zoo"):
         return 2
     out = Path(args.out)
     exports = Path(args.exports or tempfile.mkdtemp(prefix="zoo-onnx-"))

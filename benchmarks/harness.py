@@ -98,6 +98,18 @@ def count_torch_kernels(fn: Callable, args: tuple) -> int:
     return len(kernels)
 
 
+def torch_cuda_missing(bench: str) -> bool:
+    """True, after saying why on stderr, when torch cannot reach a CUDA device."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+    except Exception as e:
+        print(f"{bench} needs torch with a CUDA device ({e})", file=sys.stderr)
+        return True
+    return False
+
+
 # ---- cupy -------------------------------------------------------------------------------
 def time_cupy(fn: Callable, arg_sets: list[tuple], latency_calls: int = 50,
               bind: Callable | None = None) -> Timing:
