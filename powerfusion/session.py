@@ -92,6 +92,7 @@ class InferenceSession:
             self.options = opts
             self._build(path_or_bytes, target or opts.target, shapes)
         self._lock = threading.Lock()   # one run at a time per session: runs share one arena
+        self._feed_spec = None          # (array type, {input: (dtype, shape)}), made at the first run
 
     def _build(self, model, target: str, shapes) -> None:
         from powerfusion.targets.specs import get_target
@@ -280,7 +281,7 @@ class InferenceSession:
         """The feeds unchanged when every one already is what `_feed_array` would return (the
         array type the target reads, the input's exact dtype and shape, nothing extra); None
         sends the feeds through the full check. Saves the per-call checks of IO binding."""
-        spec = self.__dict__.get("_feed_spec")
+        spec = self._feed_spec
         if spec is None:
             on_device = get_target_backend(self.target) == "cuda"
             kind = np.ndarray
