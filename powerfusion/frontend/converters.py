@@ -91,11 +91,42 @@ def convert_graph(model: onnx.ModelProto, arrays: dict | None = None, fallback: 
 
 
 def raise_unsupported(model: onnx.ModelProto) -> None:
-    """UnsupportedOpError listing every node we cannot convert, if any."""
+    """UnsupportedOpError listing every node with an op type, domain, attribute or dtype we do
+    not take, if any: what stops strict shape inference other than an error in the model.
+    `model` may be a skeleton (weights as graph inputs) whose shapes stop where inference
+    failed, so constant inputs and static output shapes are not asked for here: every node
+    downstream of the failure would be listed, hiding the one that failed."""
     b = GraphBuilder(set())
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     infos = tensor_infos(model)
-    _check_supported([NodeCtx(n, default_opset(model), b, consts, infos, i) for i, n in enumerate(model.graph.node)])
+    ctxs = [NodeCtx(n, default_opset(model), b, consts, infos, i) for i, n in enumerate(model.graph.node)]
+    bad = [_unsupported_entry(cx, reason) for cx in ctxs
+           if (reason := _unknown_op_reason(cx) or _attribute_reason(cx)
+               or (_dynamic_output_reason(cx) if _inputs_shaped(cx) else None))]
+    if bad:
+        raise UnsupportedOpError(bad)
+
+
+def _unknown_op_reason(cx: NodeCtx) -> str | None:
+    node = cx.node
+    if is_quantized(node):  # the one op of another domain we take (com.microsoft.MatMulNBits)
+        return None
+    if node.domain not in DEFAULT_DOMAINS:
+        return (f"domain '{node.domain}' is not supported (only the default ONNX domain is, "
+                "and com.microsoft for MatMulNBits)")
+    return None if node.op_type in CONVERTERS else "op type not supported"
+
+
+def _inputs_shaped(cx: NodeCtx) -> bool:
+    """Every input has an inferred shape: a node without an output shape is then where
+    inference stopped, not downstream of it."""
+    return all(cx.inferred(name) is not None for name in cx.node.input if name)
+
+
+def _attribute_reason(cx: NodeCtx) -> str | None:
+    if is_quantized(cx.node):
+        return None
+    return (CHECKS[cx.op_type](cx) if cx.op_type in CHECKS else None) or _dtype_reason(cx)
 
 
 def _check_supported(ctxs: list[NodeCtx], fallback: str | None = None) -> set[int]:
@@ -105,13 +136,10 @@ def _check_supported(ctxs: list[NodeCtx], fallback: str | None = None) -> set[in
     for cx in ctxs:
         node = cx.node
         reason = None
-        if is_quantized(node):  # the one op of another domain we take (com.microsoft.MatMulNBits)
+        if is_quantized(node):
             reason = check_quantized(cx) or _dynamic_output_reason(cx)
-        elif node.domain not in DEFAULT_DOMAINS:
-            reason = (f"domain '{node.domain}' is not supported (only the default ONNX domain is, "
-                      "and com.microsoft for MatMulNBits)")
-        elif node.op_type not in CONVERTERS:
-            reason = "op type not supported"
+        elif (reason := _unknown_op_reason(cx)) is not None:
+            pass
         else:
             reason = (_runtime_input_reason(cx) or (CHECKS[node.op_type](cx) if node.op_type in CHECKS else None)
                       or _dtype_reason(cx) or _dynamic_output_reason(cx))

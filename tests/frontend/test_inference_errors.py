@@ -86,3 +86,21 @@ def test_shape_inference_errors_name_the_node(case, named):
     text = str(info.value)
     assert f"node {want} ({node.op_type}, opset 17" in text, text
     assert shape in text, text
+
+
+def test_failed_inference_names_the_failing_node_not_everything_downstream():
+    """Strict inference stops at one node; the fallback check must not then list every later
+    node (a Constant feeding ConstantOfShape reads as 'computed at run time' in the weightless
+    skeleton, and everything after the failure has no shape): the failing node is reported."""
+    nodes = [h.make_node("Relu", ["x"], ["t"]),
+             h.make_node("Constant", [], ["c"], value=nh.from_array(np.array([2, 3], np.int64))),
+             h.make_node("ConstantOfShape", ["c"], ["z"], value=nh.from_array(np.array([1.0], np.float32))),
+             h.make_node("Add", ["t", "z"], ["y"])]
+    g = h.make_graph(nodes, "g", [_vi("x", [2, 3])], [_vi("y", [2, 3])], value_info=[_vi("t", [2, 3], T.INT64)])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    with warnings.catch_warnings(), pytest.raises(PowerFusionError) as info:
+        warnings.simplefilter("ignore")
+        powerfusion.InferenceSession(model.SerializeToString(), target="cpu-reference")
+    text = str(info.value)
+    assert "must be a constant" not in text and "ConstantOfShape" not in text, text
+    assert "'t' int64" in text or "Relu" in text, text

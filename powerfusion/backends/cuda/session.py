@@ -133,7 +133,9 @@ class CudaPlanRunner:
             for t in node_ins:
                 if t not in g.constants:
                     last[t] = k
-        for t in g.outputs:
+        # Inputs stay live to the end like outputs: a captured graph replayed on its own (as
+        # the benchmarks time it) must find the inputs it was fed, not a later tensor's bytes.
+        for t in [*g.outputs, *g.inputs]:
             last[t.name] = len(steps)
         lives = [TensorLife(t, max(g.tensors[t].nbytes, 1), first[t], last.get(t, first[t])) for t in first]
         bplan = plan_buffers(lives)
