@@ -127,12 +127,15 @@ class MatMul:
 
 @dataclass(frozen=True, slots=True)
 class Conv:
-    """ONNX Conv, inputs (X, W[, B]); pads as explicit begins/ends per spatial axis."""
+    """ONNX Conv, inputs (X, W[, B]); pads as explicit begins/ends per spatial axis.
+    channels_last: X is [N, *S, C], W is [M, *K, C/group] and the output [N, *S', M] (the same
+    convolution on transposed tensors, frontend/layout.py)."""
     strides: tuple[int, ...]
     pad_begins: tuple[int, ...]
     pad_ends: tuple[int, ...]
     dilations: tuple[int, ...]
     group: int
+    channels_last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

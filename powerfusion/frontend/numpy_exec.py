@@ -5,6 +5,8 @@ reductions on them accumulate in fp32. MatMul/Conv on fp16/bf16 also accumulate 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from powerfusion.errors import FeedError
@@ -106,6 +108,10 @@ def run_matmul(op: B.MatMul, args, dtype):
 
 
 def run_conv(op: B.Conv, args, dtype):
+    if op.channels_last:   # the same convolution on NCHW views, the output back to NHWC
+        plain = dataclasses.replace(op, channels_last=False)
+        y = run_conv(plain, [np.moveaxis(args[0], -1, 1), np.moveaxis(args[1], -1, 1), *args[2:]], dtype)
+        return np.ascontiguousarray(np.moveaxis(y, 1, -1))
     x, w = _wide(args[0]), _wide(args[1])
     if np.dtype(dtype).kind in "iu":   # integer convolutions (int8 x int8 -> int32) accumulate exactly
         x, w = x.astype(np.int64), w.astype(np.int64)

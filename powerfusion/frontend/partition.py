@@ -75,6 +75,8 @@ def has_gir_template(graph: BasicGraph, node: BasicNode) -> bool:
             rows = int(np.prod([int(d) for d in a[:-1]], dtype=np.int64)) if len(a) >= 2 else 1
         return rows <= GEMV_MAX_ROWS
     if isinstance(op, Conv):
+        if op.channels_last:   # frontend/layout.py chose the library for it
+            return False
         x, w = graph.tensors[node.inputs[0]].shape, graph.tensors[node.inputs[1]].shape
         return op.group > 1 and op.group == x[1] and w[0] == op.group  # one input channel per group
     return False

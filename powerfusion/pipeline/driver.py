@@ -51,6 +51,8 @@ class CompileOptions:
     zero_size: str = "refuse"
     progress: Callable[[str], None] | None = None
     workers: int = 0                  # processes searching subgraphs at once (0: options.search_workers, else the cores)
+    # CUDA: fp16 / bf16 2-D convolutions run on NHWC tensors (frontend/layout.py); False keeps NCHW
+    channels_last: bool = True
 
 
 class Observer:
@@ -126,6 +128,10 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
                 from powerfusion.precision import apply_precision
                 model = apply_precision(load_model(model, options.shapes), options.precision, target)
             graph = import_model(model, options.shapes, fallback=options.fallback)
+    if options.channels_last and get_target(target).backend == "cuda":
+        from powerfusion.frontend.layout import to_channels_last
+        with timer("layout"):
+            to_channels_last(graph)
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
         _refuse_cpu_only(graph)

@@ -227,7 +227,7 @@ def add_step(b: RunBuilder, step, plan) -> str | None:
         return "numpy's BLAS has no CBLAS entry points"
     if isinstance(step.node.op, MatMul):
         return add_matmul(b, step.node, len(b.names))
-    if isinstance(step.node.op, Conv) and step.node.inputs[1] in b.graph.constants:
+    if isinstance(step.node.op, Conv) and step.node.inputs[1] in b.graph.constants and not step.node.op.channels_last:
         return add_conv(b, step.node, len(b.names))
     return f"library op {type(step.node.op).__name__} has no C implementation"
 

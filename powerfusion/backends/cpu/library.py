@@ -160,7 +160,8 @@ def library_runner(node, graph):
     shapes = [tuple(graph.tensors[t].shape) for t in node.inputs]
     if isinstance(node.op, MatMul) and len(node.inputs) == 2:
         return MatMulRunner(node.op, np.empty(tuple(out.shape), out.dtype))
-    if isinstance(node.op, Conv) and node.inputs[1] in graph.constants and len(shapes[0]) >= 3:
+    if isinstance(node.op, Conv) and node.inputs[1] in graph.constants and len(shapes[0]) >= 3 \
+            and not node.op.channels_last:   # NHWC convs (CUDA plans only) take the reference path
         return conv_runner(node.op, shapes[0], np.asarray(graph.constants[node.inputs[1]]), tuple(out.shape),
                            out.dtype)
     return None

@@ -82,9 +82,13 @@ class ArtefactRunner:
         if isinstance(op, MatMul):
             y = library.matmul(ins[0], ins[1], trans_a=op.trans_a, trans_b=op.trans_b, logical_dtype=logical)
         else:
-            y = library.conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, strides=op.strides,
+            import cupy
+            x, w = (cupy.moveaxis(a, -1, 1) for a in ins[:2]) if op.channels_last else ins[:2]
+            y = library.conv(x, w, ins[2] if len(ins) > 2 else None, strides=op.strides,
                              pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations,
                              group=op.group, logical_dtype=logical)
+            if op.channels_last:   # NHWC operands (frontend/layout.py)
+                y = cupy.moveaxis(y, 1, -1)
         out = self.tensors[s["outputs"][0]]
         out[...] = y.reshape(out.shape)
 

@@ -43,7 +43,9 @@ TUNE_CALLS = 10   # calls per candidate in its timed graph
 
 @dataclass(frozen=True, slots=True)
 class ConvShape:
-    """One convolution as cuDNN sees it: NC* input, M(C/g)* weight, row-major, one dtype."""
+    """One convolution as cuDNN sees it: NC* input, M(C/g)* weight (logical dims), one dtype;
+    stored row-major, or channels-last (N*C input, M*(C/g) weight, N*M output) where
+    `channels_last` (frontend/layout.py)."""
     x: tuple[int, ...]
     w: tuple[int, ...]
     bias: bool
@@ -52,6 +54,7 @@ class ConvShape:
     pad_ends: tuple[int, ...]
     dilations: tuple[int, ...]
     dtype: str
+    channels_last: bool = False
 
     @property
     def out(self) -> tuple[int, ...]:
@@ -65,7 +68,7 @@ class ConvShape:
             return self
         return ConvShape((self.x[0], self.x[1], 1, self.x[2]), (self.w[0], self.w[1], 1, self.w[2]), self.bias,
                          (1, *self.strides), (0, *self.pad_begins), (0, *self.pad_ends), (1, *self.dilations),
-                         self.dtype)
+                         self.dtype, self.channels_last)
 
 
 def unsupported_reason(shape: ConvShape) -> str | None:
@@ -210,7 +213,7 @@ class _Variant:
         else:
             self.graph.execute_plan_at_index(pack, ws, index, handle=self.conv.handle)
         if bias is not None and not self.fused_bias:
-            add_bias(out, bias, self.conv.shape.dtype)
+            add_bias(out, bias, self.conv.shape.dtype, self.conv.shape.channels_last)
 
 
 def _graph(s: ConvShape, fuse_bias: bool, handle_: int):
@@ -220,8 +223,9 @@ def _graph(s: ConvShape, fuse_bias: bool, handle_: int):
     io = getattr(cudnn.data_type, _DTYPES[s.dtype])
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                       compute_data_type=cudnn.data_type.FLOAT, handle=handle_)
-    x = g.tensor(name="X", dim=list(s.x), stride=_row_major(s.x), data_type=io)
-    w = g.tensor(name="W", dim=list(s.w), stride=_row_major(s.w), data_type=io)
+    layout = _channels_last if s.channels_last else _row_major
+    x = g.tensor(name="X", dim=list(s.x), stride=layout(s.x), data_type=io)
+    w = g.tensor(name="W", dim=list(s.w), stride=layout(s.w), data_type=io)
     y = g.conv_fprop(image=x, weight=w, pre_padding=list(s.pad_begins), post_padding=list(s.pad_ends),
                      stride=list(s.strides), dilation=list(s.dilations), compute_data_type=cudnn.data_type.FLOAT)
     b = None
@@ -229,7 +233,7 @@ def _graph(s: ConvShape, fuse_bias: bool, handle_: int):
         bdim = [1, s.w[0]] + [1] * (len(s.x) - 2)
         b = g.tensor(name="B", dim=bdim, stride=_row_major(bdim), data_type=io)
         y = g.bias(input=y, bias=b)
-    y.set_output(True).set_data_type(io).set_dim(list(s.out)).set_stride(_row_major(s.out))
+    y.set_output(True).set_data_type(io).set_dim(list(s.out)).set_stride(layout(s.out))
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -328,6 +332,16 @@ def _row_major(dims) -> list[int]:
     return strides[::-1]
 
 
+def _channels_last(dims) -> list[int]:
+    """Strides of logical dims [N, C, *S] stored as [N, *S, C]."""
+    n, c, *spatial = [max(int(d), 1) for d in dims]
+    strides, step = [], c
+    for d in reversed(spatial):
+        strides.append(step)
+        step *= d
+    return [step, 1, *strides[::-1]]
+
+
 def _plan_name(graph, index: int) -> str:
     try:
         return str(graph.get_plan_name_at_index(index))
@@ -348,11 +362,13 @@ def build(shape: ConvShape, device_id: int) -> CudnnConv:
 
 
 def conv_shape(graph, node) -> ConvShape:
-    """The ConvShape of a Conv node of a BasicGraph."""
+    """The ConvShape of a Conv node of a BasicGraph (logical NC* dims for a channels-last one)."""
     op, t = node.op, graph.tensors
-    return ConvShape(tuple(int(d) for d in t[node.inputs[0]].shape), tuple(int(d) for d in t[node.inputs[1]].shape),
-                     len(node.inputs) > 2, tuple(op.strides), tuple(op.pad_begins), tuple(op.pad_ends),
-                     tuple(op.dilations), np.dtype(t[node.inputs[0]].dtype).name)
+    x, w = (tuple(int(d) for d in t[name].shape) for name in node.inputs[:2])
+    if op.channels_last:
+        x, w = (x[0], x[-1], *x[1:-1]), (w[0], w[-1], *w[1:-1])
+    return ConvShape(x, w, len(node.inputs) > 2, tuple(op.strides), tuple(op.pad_begins), tuple(op.pad_ends),
+                     tuple(op.dilations), np.dtype(t[node.inputs[0]].dtype).name, op.channels_last)
 
 
 def plan_convs(graph, nodes, device_id: int = 0) -> tuple[dict[str, CudnnConv], dict[str, str]]:
@@ -404,12 +420,14 @@ def _bias_kernel(dtype: str, device: int):
     return compile_source(_BIAS_SOURCE, name="pf_bias_add", device=device).kernel(f"pf_bias_add_{dtype}")
 
 
-def add_bias(out, bias, dtype: str) -> None:
-    """out[n, m, ...] += bias[m] in place, on the current stream (capturable: no allocation)."""
+def add_bias(out, bias, dtype: str, channels_last: bool = False) -> None:
+    """out[n, m, ...] += bias[m] (out[n, ..., m] += bias[m] channels-last) in place, on the
+    current stream (capturable: no allocation)."""
     from powerfusion.backends.cuda.runtime import device_info
     kernel = _bias_kernel(dtype, out.device.id)
-    n, m = out.shape[:2]
-    spatial = out.size // max(n * m, 1)
+    m = bias.size
+    n = out.size // m if channels_last else out.shape[0]
+    spatial = 1 if channels_last else out.size // max(n * m, 1)
     threads = 256
     blocks = max(1, min(-(-out.size // threads), device_info(out.device.id).sm_count * 32))
     kernel.launch((blocks,), (threads,), (out, bias, np.int64(out.size), np.int64(spatial), np.int32(m)))

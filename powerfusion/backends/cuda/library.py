@@ -179,6 +179,27 @@ def conv_into(blas, x, w, bias, out, cols: dict, *, strides=None, pads=None, dil
     return True
 
 
+def channels_last_into(conv_nchw, x, w, out, scratch: dict) -> bool:
+    """A channels-last convolution (x [N, *S, C], w [M, *K, C/g], out [N, *S', M];
+    frontend/layout.py) through an NCHW route `conv_nchw(x, w, y) -> bool`, on NCHW copies kept
+    in `scratch` (one per shape: nothing allocated per call, so it can be captured). The
+    fallback where cuDNN, which reads NHWC itself, does not run the conv."""
+    import cupy
+
+    def nchw(a, role):
+        key = ("channels-last", role, a.shape, a.dtype.str)
+        if key not in scratch:
+            scratch[key] = cupy.empty((a.shape[0], a.shape[-1], *a.shape[1:-1]), dtype=a.dtype)
+        return scratch[key]
+    xc, wc, yc = nchw(x, "x"), nchw(w, "w"), nchw(out, "y")
+    cupy.copyto(xc, cupy.moveaxis(x, -1, 1))
+    cupy.copyto(wc, cupy.moveaxis(w, -1, 1))
+    if not conv_nchw(xc, wc, yc):
+        return False
+    cupy.copyto(out, cupy.moveaxis(yc, 1, -1))
+    return True
+
+
 def conv(x, w, bias=None, *, strides=None, pads=None, dilations=None, group: int = 1,
          logical_dtype: str | None = None):
     """ONNX Conv (NCH / NCHW): x (N, C, *spatial), w (M, C/group, *kernel), pads begin+end."""

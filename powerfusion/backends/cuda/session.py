@@ -93,8 +93,8 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda import blas, cudnn_conv, library
         op = node.op
         engine = f"cuDNN {conv.plan_name} {conv.time_us:.1f} us"
-        if not blas.available():
-            self.conv_routes[node.name] = engine
+        if not blas.available() or op.channels_last:   # channels-last: im2col would transpose twice
+            self.conv_routes[node.name] = engine + (" (channels-last)" if op.channels_last else "")
             return
         if self._blas is None:
             self._blas = blas.Blas()
@@ -171,10 +171,16 @@ class CudaPlanRunner:
                 y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
                                    logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Conv):
+                import cupy
                 op = node.op
-                y = library.conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, strides=op.strides,
+                x, w = ins[0], ins[1]
+                if op.channels_last:   # NHWC operands (frontend/layout.py)
+                    x, w = cupy.moveaxis(x, -1, 1), cupy.moveaxis(w, -1, 1)
+                y = library.conv(x, w, ins[2] if len(ins) > 2 else None, strides=op.strides,
                                  pads=tuple(op.pad_begins) + tuple(op.pad_ends), dilations=op.dilations, group=op.group,
                                  logical_dtype="bfloat16" if bf16 else None)
+                if op.channels_last:
+                    y = cupy.moveaxis(y, 1, -1)
             else:
                 raise PowerFusionError(f"no CUDA library implementation for {type(node.op).__name__}")
             env[node.outputs[0]][...] = y.reshape(env[node.outputs[0]].shape)
@@ -207,9 +213,14 @@ class CudaPlanRunner:
                                   logical_dtype=logical)
         if isinstance(node.op, Conv):
             op = node.op
-            return library.conv_into(gemm, ins[0], ins[1], ins[2] if len(ins) > 2 else None, out, self._cols,
-                                     strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
-                                     dilations=op.dilations, group=op.group, logical_dtype=logical)
+
+            def nchw(x, w, y) -> bool:
+                return library.conv_into(gemm, x, w, ins[2] if len(ins) > 2 else None, y, self._cols,
+                                         strides=op.strides, pads=tuple(op.pad_begins) + tuple(op.pad_ends),
+                                         dilations=op.dilations, group=op.group, logical_dtype=logical)
+            if op.channels_last:
+                return library.channels_last_into(nchw, ins[0], ins[1], out, self._cols)
+            return nchw(ins[0], ins[1], out)
         return False
 
     def _int8_into(self, node, ins, out) -> bool:

@@ -1,0 +1,133 @@
+"""frontend/layout.py: fp16 / bf16 2-D convolutions rewritten to channels-last compute the same
+values as the NCHW graph (numpy reference executor, both graphs in fp16: the only difference is
+the order of accumulation, so the tolerance is fp16's, 2e-3 relative to the output's range), and
+between two convolutions of a residual block no layout change is left."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+from powerfusion.basic import Conv, Transpose
+from powerfusion.frontend import import_model, run_basic_graph
+from powerfusion.frontend.layout import to_channels_last
+
+
+def _resblock(dtype=np.float16, depthwise=False):
+    rng = np.random.default_rng(0)
+    c = 8
+    inits = [nh.from_array((rng.standard_normal((c, 1 if depthwise else c, 3, 3)) * 0.2).astype(dtype), "w1"),
+             nh.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(dtype), "w2"),
+             nh.from_array(rng.standard_normal(c).astype(dtype), "b2"),
+             nh.from_array((rng.random(c) + 0.5).astype(dtype), "scale"),
+             nh.from_array(rng.standard_normal(c).astype(dtype), "bias"),
+             nh.from_array(rng.standard_normal(c).astype(dtype), "mean"),
+             nh.from_array((rng.random(c) + 0.5).astype(dtype), "var"),
+             nh.from_array((rng.standard_normal((4, c)) * 0.3).astype(dtype), "fc")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], group=c if depthwise else 1),
+             h.make_node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"], ["bn"]),
+             h.make_node("Relu", ["bn"], ["r"]),
+             h.make_node("Conv", ["r", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             h.make_node("Add", ["c2", "r"], ["s"]),
+             h.make_node("Relu", ["s"], ["r2"]),
+             h.make_node("ReduceMean", ["r2"], ["pool"], axes=[2, 3], keepdims=1),
+             h.make_node("Flatten", ["pool"], ["flat"]),
+             h.make_node("Gemm", ["flat", "fc"], ["y"], transB=1)]
+    et = T.FLOAT16 if dtype == np.float16 else T.FLOAT
+    g = h.make_graph(nodes, "resblock", [h.make_tensor_value_info("x", et, [2, c, 10, 12])],
+                     [h.make_tensor_value_info("y", et, [2, 4]), ], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def test_channels_last_resblock_matches_and_leaves_no_transpose_between_convs():
+    graph = import_model(_resblock())
+    x = np.random.default_rng(1).standard_normal((2, 8, 10, 12)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["y"]
+    cl = copy.deepcopy(graph)
+    assert to_channels_last(cl) == 2
+    convs = [n for n in cl.nodes if isinstance(n.op, Conv)]
+    assert all(n.op.channels_last for n in convs)
+    got = run_basic_graph(cl, {"x": x})["y"]
+    assert _rel(got, want) < 2e-3
+    # the only transposes left: the input's (before the first conv) and the pooled result's
+    producer = cl.producer()
+    second = convs[1]
+    assert not isinstance(producer[second.inputs[0]].op, Transpose), "a layout change is left between the convs"
+    assert sum(isinstance(n.op, Transpose) for n in cl.nodes) <= 2
+
+
+def test_fp32_and_depthwise_convs_stay_nchw():
+    graph = import_model(_resblock(np.float32))
+    assert to_channels_last(graph) == 0
+    graph = import_model(_resblock(depthwise=True))
+    assert to_channels_last(graph) == 1   # the second, ordinary conv only
+    dw = [n for n in graph.nodes if isinstance(n.op, Conv) and not n.op.channels_last]
+    assert len(dw) == 1 and dw[0].op.group == 8
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_channels_last_cpu_session_matches(depthwise):
+    """The whole pipeline on the reference target with the rewrite applied by hand."""
+    graph = import_model(_resblock(depthwise=depthwise))
+    x = np.random.default_rng(2).standard_normal((2, 8, 10, 12)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["y"]
+    to_channels_last(graph)
+    from powerfusion.session import InferenceSession
+    sess = InferenceSession(graph, target="cpu-reference")
+    assert _rel(sess.run(None, {"x": x})[0], want) < 2e-3
+
+
+def test_squeeze_excitation_gate_sinks_too():
+    """conv -> relu -> mean -> 1x1 conv -> sigmoid -> x * gate -> conv: the gate's broadcast
+    moves into NHWC as well, so the last conv reads the product without a layout change."""
+    rng = np.random.default_rng(3)
+    c = 8
+    inits = [nh.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float16), n) for n in ("w1", "w3")]
+    inits.append(nh.from_array((rng.standard_normal((c, c, 1, 1)) * 0.3).astype(np.float16), "wg"))
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c1"], ["r"]),
+             h.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=1),
+             h.make_node("Conv", ["m", "wg"], ["g"]),
+             h.make_node("Sigmoid", ["g"], ["gate"]),
+             h.make_node("Mul", ["r", "gate"], ["p"]),
+             h.make_node("Conv", ["p", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    g = h.make_graph(nodes, "se", [h.make_tensor_value_info("x", T.FLOAT16, [1, c, 6, 7])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, [1, c, 6, 7])], inits)
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    x = rng.standard_normal((1, c, 6, 7)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["y"]
+    assert to_channels_last(graph) == 3
+    assert _rel(run_basic_graph(graph, {"x": x})["y"], want) < 2e-3
+    producer = graph.producer()
+    last = [n for n in graph.nodes if isinstance(n.op, Conv)][-1]
+    assert not isinstance(producer[last.inputs[0]].op, Transpose)
+    assert sum(isinstance(n.op, Transpose) for n in graph.nodes) == 2   # the input's and the output's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cudnn", [True, False])
+def test_channels_last_on_cuda_matches(cudnn, monkeypatch):
+    """The CUDA session runs the rewritten convs through cuDNN in NHWC, or (cuDNN switched off)
+    through im2col + cuBLAS on NCHW copies, inside its captured graph; fp16 tolerance."""
+    import powerfusion
+    from powerfusion.backends.cuda import cudnn_conv
+    if not cudnn:
+        monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
+    model = _resblock()
+    x = np.random.default_rng(5).standard_normal((2, 8, 10, 12)).astype(np.float16)
+    want = run_basic_graph(import_model(model), {"x": x})["y"]
+    with powerfusion.options.context(cuda_graph=True):
+        sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
+        got = sess.run(None, {"x": x})[0]
+        again = sess.run(None, {"x": x})[0]
+    convs = [s.call.node for s in sess._executor.plan.library_steps if isinstance(s.call.node.op, Conv)]
+    assert convs and all(n.op.channels_last for n in convs)
+    assert (len(sess._executor.convs) == 2) == cudnn
+    assert _rel(got, want) < 5e-3 and _rel(again, want) < 5e-3
