@@ -109,13 +109,15 @@ class GatherElements:
 class Window:
     """Sliding windows for pooling and depthwise conv: input [N, C, *S] ->
     output [N, C, *O, *K], out[n, c, o.., k..] = padded[n, c, o*stride + k*dilation - pad_begin]
-    where positions outside the input read `pad_value`."""
+    where positions outside the input read `pad_value`. channels_last: input [N, *S, C] ->
+    output [N, *O, *K, C], the same windows (frontend/layout.py)."""
     kernel: tuple[int, ...]
     strides: tuple[int, ...]
     dilations: tuple[int, ...]
     pad_begins: tuple[int, ...]
     pad_ends: tuple[int, ...]
     pad_value: float = 0.0
+    channels_last: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ faster. torch.compile converts such models to channels-last for the same reason.
 How: each chosen Conv becomes Transpose(NCHW -> NHWC) -> Conv(channels_last) -> Transpose(back),
 its weight constant stored KRSC. Then transposes sink: a Transpose whose every consumer can
 compute in the transposed layout (elementwise ops whose other operands are transposed the same
-way or broadcast constants, broadcasts, reductions, other transposes) is moved below them, and a Transpose
+way or broadcast constants, broadcasts, pooling windows, reductions, other transposes) is moved below them, and a Transpose
 meeting its inverse vanishes. Between two convolutions of a ResNet block, the BatchNorm, ReLU
 and residual Add then run on NHWC data and no layout change is left; where one remains (before
 pooling windows, reshapes, the classifier), it is a move the memory-bound kernel around it
@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.basic import BasicGraph, BasicNode, Broadcast, Conv, Elementwise, Reduce, TensorInfo, Transpose
+import dataclasses
+
+from powerfusion.basic import (BasicGraph, BasicNode, Broadcast, Conv, Elementwise, Reduce, TensorInfo, Transpose,
+                               Window)
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -57,6 +60,11 @@ def to_channels_last(graph: BasicGraph) -> int:
 def _compose(p: tuple[int, ...], q: tuple[int, ...]) -> tuple[int, ...]:
     """x.transpose(p).transpose(q) == x.transpose(_compose(p, q))."""
     return tuple(p[i] for i in q)
+
+
+def _from_last(rank: int) -> tuple[int, ...]:
+    """The perm that moves the last axis to position 1 (NHWC -> NCHW at any rank)."""
+    return (0, rank - 1, *range(1, rank - 1))
 
 
 def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
@@ -149,6 +157,8 @@ class _Rewriter:
             return True
         if isinstance(user.op, Broadcast):   # e.g. a squeeze-excitation gate over the feature map
             return len(user.op.shape) == len(perm)
+        if isinstance(user.op, Window):      # pooling on channels-last data
+            return not user.op.channels_last and tuple(perm) == _from_last(len(perm))
         if isinstance(user.op, Elementwise):
             return all(self._source(t, perm, producer) is not None or self._broadcast_constant(t, producer)
                        or (t in self.g.constants and self.g.constants[t].ndim == len(perm))
@@ -164,6 +174,14 @@ class _Rewriter:
         out = self.g.tensors[user.outputs[0]]
         if isinstance(user.op, Reduce):
             self._absorb_reduce(user, perm, src, out)
+            return
+        if isinstance(user.op, Window):
+            ns = len(user.op.kernel)
+            shape = (out.shape[0], *out.shape[2:], out.shape[1])   # [N, *O, *K, C]
+            inner = self._tensor(out.name, shape, out.dtype)
+            moved = BasicNode(user.name, dataclasses.replace(user.op, channels_last=True), (src,), (inner,),
+                              user.origin)
+            self._replace(user, [moved, self._transposed(inner, _from_last(2 * ns + 2), out.name, user.origin)])
             return
         if isinstance(user.op, Broadcast):
             shape = tuple(user.op.shape[i] for i in _inverse(perm))

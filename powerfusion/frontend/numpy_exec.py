@@ -79,7 +79,10 @@ def run_pad(op: B.Pad, args, dtype):
 
 
 def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
-    """[N, C, *S] -> [N, C, *O, *K] (a copy)."""
+    """[N, C, *S] -> [N, C, *O, *K] (a copy); channels-last [N, *S, C] -> [N, *O, *K, C]."""
+    if op.channels_last:
+        plain = dataclasses.replace(op, channels_last=False)
+        return np.ascontiguousarray(np.moveaxis(window_view(np.moveaxis(x, -1, 1), plain), 1, -1))
     nsp = len(op.kernel)
     widths = [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends))
     if x.dtype.kind in "iu" and not np.isfinite(op.pad_value):  # -inf into integers: the lowest value

@@ -176,14 +176,16 @@ def window(ctx: Ctx) -> list[Candidate]:
     ishape, oshape = ctx.tensors[x].shape, ctx.tensors[out].shape
     ist = contiguous_strides(ishape)
     ns = len(op.kernel)
-    lin = [ist[0], ist[1]] + [op.strides[d] * ist[2 + d] for d in range(ns)] + \
-          [op.dilations[d] * ist[2 + d] for d in range(ns)]
-    base = -sum(op.pad_begins[d] * ist[2 + d] for d in range(ns))
+    sp = 1 if op.channels_last else 2     # the first spatial axis of input and output
+    spatial = [ist[sp + d] for d in range(ns)]
+    lin = [op.strides[d] * spatial[d] for d in range(ns)] + [op.dilations[d] * spatial[d] for d in range(ns)]
+    lin = [ist[0], *lin, ist[-1]] if op.channels_last else [ist[0], ist[1], *lin]
+    base = -sum(op.pad_begins[d] * spatial[d] for d in range(ns))
     padded = [d for d in range(ns) if op.pad_begins[d] or op.pad_ends[d]]
 
     def valid(cs):
-        return _all(in_range(cs[2 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d], 0,
-                             ishape[2 + d]) for d in padded)
+        return _all(in_range(cs[sp + d] * op.strides[d] + cs[sp + ns + d] * op.dilations[d] - op.pad_begins[d], 0,
+                             ishape[sp + d]) for d in padded)
     src = Source(x, View(tuple(lin), base), valid=valid, fill=fill_value(ctx.tensors[x].dtype, op.pad_value))
 
     def parts(ctx):

@@ -15,9 +15,8 @@ from powerfusion.frontend import import_model, run_basic_graph
 from powerfusion.frontend.layout import to_channels_last
 
 
-def _resblock(dtype=np.float16, depthwise=False):
+def _resblock(dtype=np.float16, depthwise=False, c=8):
     rng = np.random.default_rng(0)
-    c = 8
     inits = [nh.from_array((rng.standard_normal((c, 1 if depthwise else c, 3, 3)) * 0.2).astype(dtype), "w1"),
              nh.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(dtype), "w2"),
              nh.from_array(rng.standard_normal(c).astype(dtype), "b2"),
@@ -72,15 +71,17 @@ def test_fp32_and_depthwise_convs_stay_nchw():
     assert len(dw) == 1 and dw[0].op.group == 8
 
 
+@pytest.mark.parametrize("target", ["cpu-reference", "cpu"])
 @pytest.mark.parametrize("depthwise", [False, True])
-def test_channels_last_cpu_session_matches(depthwise):
-    """The whole pipeline on the reference target with the rewrite applied by hand."""
+def test_channels_last_cpu_session_matches(depthwise, target):
+    """The whole pipeline with the rewrite applied by hand: on "cpu" the memory-bound
+    subgraphs around the NHWC convs run as generated C."""
     graph = import_model(_resblock(depthwise=depthwise))
     x = np.random.default_rng(2).standard_normal((2, 8, 10, 12)).astype(np.float16)
     want = run_basic_graph(graph, {"x": x})["y"]
     to_channels_last(graph)
     from powerfusion.session import InferenceSession
-    sess = InferenceSession(graph, target="cpu-reference")
+    sess = InferenceSession(graph, target=target)
     assert _rel(sess.run(None, {"x": x})[0], want) < 2e-3
 
 
@@ -120,8 +121,8 @@ def test_channels_last_on_cuda_matches(cudnn, monkeypatch):
     from powerfusion.backends.cuda import cudnn_conv
     if not cudnn:
         monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
-    model = _resblock()
-    x = np.random.default_rng(5).standard_normal((2, 8, 10, 12)).astype(np.float16)
+    model = _resblock(c=32)
+    x = np.random.default_rng(5).standard_normal((2, 32, 10, 12)).astype(np.float16)
     want = run_basic_graph(import_model(model), {"x": x})["y"]
     with powerfusion.options.context(cuda_graph=True):
         sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
@@ -129,5 +130,36 @@ def test_channels_last_on_cuda_matches(cudnn, monkeypatch):
         again = sess.run(None, {"x": x})[0]
     convs = [s.call.node for s in sess._executor.plan.library_steps if isinstance(s.call.node.op, Conv)]
     assert convs and all(n.op.channels_last for n in convs)
-    assert (len(sess._executor.convs) == 2) == cudnn
+    runner = sess._executor
+    assert (len(runner.convs) == 2) == cudnn, runner.conv_routes
     assert _rel(got, want) < 5e-3 and _rel(again, want) < 5e-3
+
+
+@pytest.mark.parametrize("target", ["cpu-reference", "cpu"])
+def test_pooling_window_runs_channels_last(target):
+    """A ResNet stem (conv -> relu -> 3x3/2 max pool -> conv): the pool's window reads the NHWC
+    tensor directly (Window.channels_last), so no layout change is left between the convs; the
+    generated C of the window template ("cpu") agrees with the reference."""
+    rng = np.random.default_rng(6)
+    c = 8
+    inits = [nh.from_array((rng.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float16), "w1"),
+             nh.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float16), "w2")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Relu", ["c1"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["p", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    g = h.make_graph(nodes, "stem", [h.make_tensor_value_info("x", T.FLOAT16, [1, 3, 21, 18])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, [1, c, 6, 5])], inits)
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    x = rng.standard_normal((1, 3, 21, 18)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["y"]
+    assert to_channels_last(graph) == 2
+    assert _rel(run_basic_graph(graph, {"x": x})["y"], want) < 2e-3
+    from powerfusion.basic import Window
+    assert any(isinstance(n.op, Window) and n.op.channels_last for n in graph.nodes)
+    producer = graph.producer()
+    last = [n for n in graph.nodes if isinstance(n.op, Conv)][-1]
+    assert not isinstance(producer[last.inputs[0]].op, Transpose)
+    from powerfusion.session import InferenceSession
+    got = InferenceSession(graph, target=target).run(None, {"x": x})[0]
+    assert _rel(got, want) < 2e-3
