@@ -130,7 +130,9 @@ def _geometry(ctx: Ctx, p: StencilParams) -> _Geometry:
 def conv_stencil(ctx: Ctx) -> list[Candidate]:
     """Stencil candidates of a depthwise Conv (its checks are `ops_matmul.conv`'s). Rows layout:
     the vectors `cols` offers (the widest whose W fits the row, scalar, and the one covering a
-    row narrower than lanes x vmax with one unit), so the two line up with the same maps. Flat
+    row narrower than lanes x vmax with one unit), so the two line up with the same maps, and
+    the narrowest covering the row with one unit (a lane's neighbouring outputs share window
+    taps, which nvcc loads once, and the tap's weight). Flat
     layout (scalar: a lane's outputs may span two channels, whose weights differ): for rows
     narrower than a warp, where one unit per row would leave lanes idle (7 of 32 at 7x7)."""
     from powerfusion.templates.ops_matmul import _vecs
@@ -140,7 +142,10 @@ def conv_stencil(ctx: Ctx) -> list[Candidate]:
         return []
     size = max(ctx.tensors[t].dtype.itemsize for t in list(ctx.node.inputs) + list(ctx.node.outputs))
     vmax = max(v for v in (8, 4, 2, 1) if v * size <= 16)
-    points = [StencilParams("rows", v) for v in _vecs(vmax, ctx.lanes, ys[3], whole=True)]
+    vecs = _vecs(vmax, ctx.lanes, ys[3], whole=True)
+    # and the narrowest vector covering the row with one unit: fewest idle lanes (56: 2, not 4)
+    vecs += [v for v in (2, 4, 8) if v <= vmax and ctx.lanes * v >= ys[3] > ctx.lanes * v // 2]
+    points = [StencilParams("rows", v) for v in dict.fromkeys(vecs)]
     if ys[3] < ctx.lanes:
         points.append(StencilParams("flat", 1))
     out = []

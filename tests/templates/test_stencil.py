@@ -1,0 +1,139 @@
+"""conv.depthwise.stencil: numerics against numpy (float64 reference), the staged tile's shape
+and traffic against the gather template, and the plan it gives once merged and rewritten.
+
+Tolerances (|got - want| <= atol + rtol |want|): float32 1e-5 / 1e-5 (the window is summed in
+another order than numpy's); float16 2e-3 / 2e-3 (inputs and weights are fp16 values, the sum
+is taken in float32 and rounded once to fp16: half an ulp, 4.9e-4 relative, plus the order).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerfusion import basic as B
+from powerfusion.gir.interpreter import run_gir
+from powerfusion.gir.ir import Level, Scope, Sync
+from powerfusion.gir.traffic import traffic
+from powerfusion.gir.verifier import verify
+from powerfusion.templates import buffer_names, candidates
+from tests.templates.strategies import GraphBuilder
+
+TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3)}
+
+
+def conv_case(shape, k, stride=(1, 1), pads=None, dil=(1, 1), mult=1, dtype="float32", bias=True, seed=0):
+    n, c, h, w = shape
+    pads = pads if pads is not None else ((k // 2, k // 2), (k // 2, k // 2))
+    b = GraphBuilder("dw", seed)
+    x = b.input("x", shape, dtype)
+    wt = b.input("w", (c * mult, 1, k, k), dtype)
+    ins = [x, wt] + ([b.input("bias", (c * mult,), dtype)] if bias else [])
+    b.op(B.Conv(stride, pads[0], pads[1], dil, c), ins)
+    return b.build(), b.values
+
+
+def numpy_depthwise(x, w, bias, stride, pads, dil):
+    """Direct float64 depthwise convolution (group = channels, multiplier Cout / C)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    cout, _, kh, kw = w.shape
+    mult = cout // c
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0][0], pads[1][0]), (pads[0][1], pads[1][1])))
+    oh = (h + pads[0][0] + pads[1][0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pads[0][1] + pads[1][1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    y = np.zeros((n, cout, oh, ow))
+    for co in range(cout):
+        for a in range(kh):
+            for b_ in range(kw):
+                r0, c0 = a * dil[0], b_ * dil[1]
+                win = xp[:, co // mult, r0:r0 + stride[0] * (oh - 1) + 1:stride[0], c0:c0 + stride[1] * (ow - 1) + 1:stride[1]]
+                y[:, co] += win * w[co, 0, a, b_]
+    if bias is not None:
+        y += bias.astype(np.float64)[None, :, None, None]
+    return y
+
+
+def stencil_candidates(case, target="cuda"):
+    g, _ = case
+    node = g.graph.nodes[-1]
+    return [c for c in candidates(node, g.graph.tensors, target, buffer_names(list(g.graph.tensors)))
+            if c.name == "conv.depthwise.stencil"]
+
+
+CASES = {   # id: (shape, k, stride, pads, dilation, multiplier, dtype)
+    "3x3": ((2, 4, 9, 8), 3, (1, 1), None, (1, 1), 1, "float32"),
+    "3x3-s2-uneven-pad": ((2, 4, 9, 8), 3, (2, 2), ((1, 0), (1, 1)), (1, 1), 1, "float32"),
+    "5x5-wide-rows": ((1, 2, 10, 70), 5, (1, 1), None, (1, 1), 1, "float32"),
+    "7x7-planes-cross-groups": ((1, 3, 7, 7), 7, (1, 1), None, (1, 1), 1, "float32"),
+    "7x7-14x14": ((1, 5, 14, 14), 7, (1, 1), None, (1, 1), 1, "float32"),
+    "3x3-dilated": ((1, 3, 12, 12), 3, (1, 1), ((2, 2), (2, 2)), (2, 2), 1, "float32"),
+    "3x3-multiplier-2": ((2, 3, 6, 6), 3, (1, 1), None, (1, 1), 2, "float32"),
+    "3x3-no-padding-s2": ((1, 4, 11, 13), 3, (2, 1), ((0, 0), (0, 0)), (1, 1), 1, "float32"),
+    "7x7-fp16": ((1, 4, 14, 14), 7, (1, 1), None, (1, 1), 1, "float16"),
+    "5x5-s2-fp16": ((2, 2, 11, 13), 5, (2, 2), ((2, 1), (1, 2)), (1, 1), 1, "float16"),
+}
+
+
+@pytest.mark.parametrize("cid", list(CASES))
+def test_stencil_matches_numpy(cid):
+    shape, k, stride, pads, dil, mult, dtype = CASES[cid]
+    pads = pads if pads is not None else ((k // 2, k // 2), (k // 2, k // 2))
+    case = conv_case(shape, k, stride, pads, dil, mult, dtype)
+    g, values = case
+    names = buffer_names(list(g.graph.tensors))
+    node = g.graph.nodes[-1]
+    want = numpy_depthwise(values["x"], values["w"], values["bias"], stride, pads, dil)
+    cands = stencil_candidates(case)
+    assert cands, f"no stencil candidate for {cid}"
+    rtol, atol = TOL[dtype]
+    for c in cands:
+        gir = c.build()
+        verify(gir)
+        got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
+        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
+                                   err_msg=c.label)
+
+
+def test_stencil_stages_each_row_once_per_group():
+    """Expected form of a 7x7 conv over 14x14 planes (rows layout): one SHARED tile, one BLOCK
+    sync between staging and the window reads, one kernel; x is read from GLOBAL once per tile
+    slot (padding included), the gather template once per window tap (49 times)."""
+    case = conv_case((1, 8, 14, 14), 7)
+    rows = next(c for c in stencil_candidates(case) if c.params.layout == "rows").build()
+    shared = [b for b in rows.buffers if b.level == Level.SHARED]
+    assert len(shared) == 1
+    syncs = [op for op in rows.ops if isinstance(op.args, Sync)]
+    assert [s.args.scope for s in syncs] == [Scope.BLOCK]
+    assert len(rows.kernels()) == 1
+    # 4 rows per group (one unit per row); a group crossing planes reads rows 12, 13 of one
+    # plane and 0, 1 of the next: 16 virtual rows of 20 padded columns
+    assert shared[0].size == 16 * 20
+    g, _ = case
+    node = g.graph.nodes[-1]
+    cols = next(c for c in candidates(node, g.graph.tensors, "cuda", buffer_names(list(g.graph.tensors)))
+                if c.name == "conv.depthwise.cols").build()
+    x_bytes = 8 * 14 * 14 * 4
+
+    def x_reads(gir):
+        return sum(s.count * len(op.active_units(gir.parallel.units)) * 4 for op in gir.ops for s in op.inputs
+                   if s.level == Level.GLOBAL and s.buffer == "x")
+    assert x_reads(cols) >= 40 * x_bytes          # 49 taps, the padding masked
+    # 28 groups, each staging its 320-element tile in 3 warp-wide segments per unit
+    assert rows.parallel.units == 8 * 14 and x_reads(rows) == 28 * 3 * 4 * 32 * 4
+    assert traffic(rows).get("global", 0) < traffic(cols).get("global", 0) / 5
+
+
+def test_stencil_flat_layout_for_narrow_rows_only():
+    narrow = {c.params.layout for c in stencil_candidates(conv_case((1, 4, 7, 7), 7))}
+    wide = {c.params.layout for c in stencil_candidates(conv_case((1, 4, 40, 40), 3))}
+    assert narrow == {"rows", "flat"} and wide == {"rows"}
+
+
+def test_stencil_declines_a_tile_beyond_shared_memory():
+    """A 2-D conv whose rows are too long for the tile budget gets no stencil candidate."""
+    assert stencil_candidates(conv_case((1, 2, 8, 4000), 7)) == []
+
+
+def test_stencil_on_other_targets():
+    for target in ("hip", "cpu"):
+        assert stencil_candidates(conv_case((1, 3, 9, 9), 3), target)
