@@ -384,9 +384,10 @@ def dwconv_cases():
     stages, batch 1, fp32 and fp16; the held-out suite's EfficientNet-B0 3x3 + BN + SiLU (batch
     1 and 8, fp32 and bf16); the subgraph suite's EfficientNet 3x3 + BN + SiLU at batch 32."""
     s = "dwconv"
-    out = [dwconv_bias(s + "/convnext-t", 1, c, hw, 7, dt) for dt in ("float32", "float16")
-           for c, hw in ((96, 56), (192, 28), (384, 14), (768, 7))]
-    out += [dwconv_bn_silu(s + "/efficientnet", b, 480, 14, dt) for dt in ("float32", "bfloat16") for b in (1, 8)]
+    out = []
+    for dt, low in (("float32", "float32"), ("float16", "bfloat16")):   # fp32 rows first
+        out += [dwconv_bias(s + "/convnext-t", 1, c, hw, 7, dt) for c, hw in ((96, 56), (192, 28), (384, 14), (768, 7))]
+        out += [dwconv_bn_silu(s + "/efficientnet", b, 480, 14, low) for b in (1, 8)]
     return out + [dwconv_bn_silu(s + "/efficientnet", 32, 144, 56)]
 
 
