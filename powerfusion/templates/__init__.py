@@ -14,7 +14,8 @@ Templates (name: parameters):
   concat.rows: TileParams (one unit per output row; guarded loads per input)
   transpose.tiled: ops_tiled.TileTransposeParams(tile, units) (SHARED tile, BLOCK sync)
   reduce.row_warp / .cols / .block / .grid: ops_reduce.ReduceParams(style, vec, split)
-  matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec)
+  matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec) (no dot for
+  depthwise windows under two warps)
   conv.depthwise.stencil: ops_stencil.StencilParams(vec) (SHARED input tile + halo, BLOCK sync)
 Conventions: compute on REGISTER tiles in the identity layout (index i*width + j), fp16 and
 bf16 widened to float32 in registers, W = lanes*vec (1 for one-element rows), tails masked

@@ -137,3 +137,48 @@ def test_stencil_declines_a_tile_beyond_shared_memory():
 def test_stencil_on_other_targets():
     for target in ("hip", "cpu"):
         assert stencil_candidates(conv_case((1, 3, 9, 9), 3), target)
+
+
+def _dwconv_model(c, hw, k, bn_silu=False):
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((c, 1, k, k)) / k).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if bn_silu else "y"], group=c, kernel_shape=[k, k],
+                              pads=[k // 2] * 4)]
+    if bn_silu:
+        for name in ("sc", "bi", "mu"):
+            inits.append(numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), name))
+        inits.append(numpy_helper.from_array((rng.random(c) + 0.5).astype(np.float32), "var"))
+        nodes += [helper.make_node("BatchNormalization", ["c", "sc", "bi", "mu", "var"], ["n"], epsilon=1e-5),
+                  helper.make_node("Sigmoid", ["n"], ["s"]), helper.make_node("Mul", ["n", "s"], ["y"])]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, c, hw, hw]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "dw", vi[:1], vi[1:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("c,hw,want", [(768, 7, "conv.depthwise.stencil(layout=flat, vec=1)"),
+                                       (384, 14, "conv.depthwise.stencil(layout=flat, vec=1)"),
+                                       (192, 28, "conv.depthwise.stencil(layout=rows, vec=1)")])
+def test_search_picks_the_stencil_for_convnext_layers(c, hw, want):
+    """ConvNeXt-T's 7x7 depthwise convs on H200, where the stencil measured fastest
+    (benchmarks/results/gir-dwconv.md: 768x7x7 flat 2.9 us, cols 4.2, dot 7.1; 384x14x14 flat
+    3.4, cols 4.2; 192x28x28 rows 4.6, cols 4.6): the search picks it, one kernel."""
+    from powerfusion.compiler import compile_model
+    steps = compile_model(_dwconv_model(c, hw, 7), "h200").kernel_steps
+    assert len(steps) == 1 and len(steps[0].gir.kernels()) == 1
+    assert [t for _, t in steps[0].gir.templates] == [want]
+
+
+def test_idle_lanes_cost_issue_slots():
+    """The cost model charges a warp-wide access for its idle lanes: at 768x7x7 the gather
+    template (one unit per 7-wide row) is predicted slower than the flattened stencil."""
+    from powerfusion.perfmodel.cost import estimate, predict_seconds
+    case = conv_case((1, 768, 7, 7), 7)
+    g, _ = case
+    node = g.graph.nodes[-1]
+    by = {c.label: c.build() for c in candidates(node, g.graph.tensors, "h200", buffer_names(list(g.graph.tensors)))}
+    t = {k: predict_seconds(estimate(v, "h200"), "h200") for k, v in by.items()}
+    flat = t["conv.depthwise.stencil(layout=flat, vec=1)"]
+    assert flat < t["conv.depthwise.cols(style=cols, vec=1, split=1, rows=1)"]
+    assert "load/store issue" in estimate(by["conv.depthwise.cols(style=cols, vec=1, split=1, rows=1)"], "h200").limits
