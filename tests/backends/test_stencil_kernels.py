@@ -72,17 +72,11 @@ def test_stencil_kernel_on_gpu_matches_interpreter(label, case, gir):
         np.testing.assert_allclose(got.astype(np.float32), want[n].astype(np.float32), rtol, atol, err_msg=label)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_dwconv_bn_silu_session_on_gpu(dtype):
-    """Depthwise 7x7 + BatchNormalization + SiLU through InferenceSession(target="cuda"): the
-    search picks the stencil, one kernel, numbers of numpy's float64 reference."""
+def dwconv_bn_silu_model(dtype: str, c: int = 384, hw: int = 14):
+    """Depthwise 7x7 (no bias) + BatchNormalization + SiLU, and its parameters."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from powerfusion import InferenceSession
-    from tests.templates.test_stencil import numpy_depthwise
     rng = np.random.default_rng(3)
-    c, hw = 96, 56
     npdt = np.dtype(dtype)
     w = (rng.standard_normal((c, 1, 7, 7)) / 7).astype(npdt)
     sc, bi, mu = (rng.standard_normal(c).astype(npdt) for _ in range(3))
@@ -91,21 +85,37 @@ def test_dwconv_bn_silu_session_on_gpu(dtype):
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=c, kernel_shape=[7, 7], pads=[3] * 4),
              helper.make_node("BatchNormalization", ["c", "sc", "bi", "mu", "var"], ["b"], epsilon=1e-5),
              helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Mul", ["b", "s"], ["y"])]
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (sc, "sc"), (bi, "bi"), (mu, "mu"), (var, "var"))]
+    params = {"w": w, "sc": sc, "bi": bi, "mu": mu, "var": var}
+    inits = [numpy_helper.from_array(a, n) for n, a in params.items()]
     graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", onnx_t, [1, c, hw, hw])],
                               [helper.make_tensor_value_info("y", onnx_t, [1, c, hw, hw])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
-    x = rng.standard_normal((1, c, hw, hw)).astype(npdt)
-    sess = InferenceSession(model.SerializeToString(), target="cuda")
-    got = sess.run(None, {"x": x})[0].astype(np.float64)
-    conv = numpy_depthwise(x, w, None, (1, 1), ((3, 3), (3, 3)), (1, 1))
-    f64 = [a.astype(np.float64)[None, :, None, None] for a in (sc, bi, mu, var)]
-    bn = (conv - f64[2]) / np.sqrt(f64[3] + 1e-5) * f64[0] + f64[1]
-    want = bn / (1 + np.exp(-bn))
-    tol = 1e-4 if dtype == "float32" else 1e-2
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    return model, params
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dwconv_bn_silu_plan_is_one_stencil_kernel(dtype):
+    """The plan the GPU test below runs: the flat stencil with the BatchNorm and SiLU in its kernel."""
     from powerfusion.compiler import compile_model
-    steps = compile_model(model, "cuda").kernel_steps
+    steps = compile_model(dwconv_bn_silu_model(dtype)[0], "cuda").kernel_steps
     assert len(steps) == 1 and len(steps[0].gir.kernels()) == 1
-    assert any("conv.depthwise.stencil" in t for _, t in steps[0].gir.templates)
+    assert [t for _, t in steps[0].gir.templates][0] == "conv.depthwise.stencil(layout=flat, vec=1)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dwconv_bn_silu_session_on_gpu(dtype):
+    """Depthwise 7x7 + BatchNormalization + SiLU at ConvNeXt-T's 384x14x14 through
+    InferenceSession(target="cuda") (the plan of the test above): numbers of numpy's float64
+    reference."""
+    from powerfusion import InferenceSession
+    from tests.templates.test_stencil import numpy_depthwise
+    model, p = dwconv_bn_silu_model(dtype)
+    x = np.random.default_rng(4).standard_normal((1, 384, 14, 14)).astype(np.dtype(dtype))
+    got = InferenceSession(model.SerializeToString(), target="cuda").run(None, {"x": x})[0].astype(np.float64)
+    conv = numpy_depthwise(x, p["w"], None, (1, 1), ((3, 3), (3, 3)), (1, 1))
+    f64 = {k: p[k].astype(np.float64)[None, :, None, None] for k in ("sc", "bi", "mu", "var")}
+    bn = (conv - f64["mu"]) / np.sqrt(f64["var"] + 1e-5) * f64["sc"] + f64["bi"]
+    tol = 1e-4 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(got, bn / (1 + np.exp(-bn)), rtol=tol, atol=tol)

@@ -182,3 +182,26 @@ def test_idle_lanes_cost_issue_slots():
     flat = t["conv.depthwise.stencil(layout=flat, vec=1)"]
     assert flat < t["conv.depthwise.cols(style=cols, vec=1, split=1, rows=1)"]
     assert "load/store issue" in estimate(by["conv.depthwise.cols(style=cols, vec=1, split=1, rows=1)"], "h200").limits
+
+
+def test_flat_stencil_with_batchnorm_and_silu_is_one_kernel_and_matches_numpy():
+    """ConvNeXt-T's 384x14x14 7x7 depthwise conv + BatchNormalization + SiLU as the search plans
+    it for H200: the flat stencil with the BatchNorm and SiLU in its kernel, the plan's GIR run
+    by the interpreter against numpy in float64 (float32 tolerance 1e-4: BN and SiLU on top)."""
+    from onnx import numpy_helper
+    from powerfusion.compiler import compile_model
+    model = _dwconv_model(384, 14, 7, bn_silu=True)
+    step = compile_model(model, "h200").kernel_steps[0]
+    gir = step.gir
+    assert len(gir.kernels()) == 1
+    assert [t for _, t in gir.templates][0] == "conv.depthwise.stencil(layout=flat, vec=1)"
+    init = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = np.random.default_rng(9).standard_normal((1, 384, 14, 14)).astype(np.float32)
+    feeds = {b: x for b in gir.inputs if step.buffers[b] == "x"}
+    feeds |= {b: numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == step.buffers[b]))
+              for b in gir.inputs if b not in feeds}
+    got = run_gir(gir, feeds)[next(b for b in gir.outputs if step.buffers[b] == "y")].reshape(x.shape)
+    conv = numpy_depthwise(x, init["w"].astype(np.float32), init["b"], (1, 1), ((3, 3), (3, 3)), (1, 1))
+    col = {k: init[k][None, :, None, None] for k in ("sc", "bi", "mu", "var")}
+    bn = (conv - col["mu"]) / np.sqrt(col["var"] + 1e-5) * col["sc"] + col["bi"]
+    np.testing.assert_allclose(got, bn / (1 + np.exp(-bn)), rtol=1e-4, atol=1e-4)
