@@ -247,6 +247,22 @@ def dwconv_bn_silu(suite, n, c, hw, dtype="float32"):
                      {"x": ((n, c, hw, hw), "normal")}, fn, 2 * _nbytes((n, c, hw, hw), dtype))
 
 
+def dwconv_bias(suite, n, c, hw, k=7, dtype="float32"):
+    """ConvNeXt's depthwise k x k conv (padding k // 2, with its bias), alone."""
+    import torch.nn.functional as F
+    g = G(dtype)
+    x, y = g.inp("x", (n, c, hw, hw)), g.out("y", (n, c, hw, hw))
+    w = (np.random.default_rng(6).standard_normal((c, 1, k, k)) / k).astype(np.float32)
+    b = np.random.default_rng(7).standard_normal(c).astype(np.float32)
+    g.op("Conv", [x, g.const(w), g.const(b)], y, group=c, kernel_shape=[k, k], pads=[k // 2] * 4)
+    tw, tb = _torch_param(w, dtype), _torch_param(b, dtype)
+
+    def fn(x):
+        return F.conv2d(x, tw, tb, 1, k // 2, 1, c)
+    return BenchCase(suite, f"dwconv{k}x{k}_bias_{n}x{c}x{hw}x{hw}", dtype, g.model("dwconv_bias"),
+                     {"x": ((n, c, hw, hw), "normal")}, fn, 2 * _nbytes((n, c, hw, hw), dtype))
+
+
 def se_scale(suite, n, c, hw, dtype="float32"):
     import torch
     g = G(dtype)
@@ -363,7 +379,19 @@ def heldout_cases(batches=(1, 8), dtypes=("float32", "bfloat16")):
     return out
 
 
-SUITES = {"norms": norm_cases, "subgraphs": subgraph_cases, "heldout": heldout_cases}
+def dwconv_cases():
+    """Depthwise convs, the stencil template's rows: ConvNeXt-T's 7x7 (with bias) at its four
+    stages, batch 1, fp32 and fp16; the held-out suite's EfficientNet-B0 3x3 + BN + SiLU (batch
+    1 and 8, fp32 and bf16); the subgraph suite's EfficientNet 3x3 + BN + SiLU at batch 32."""
+    s = "dwconv"
+    out = []
+    for dt, low in (("float32", "float32"), ("float16", "bfloat16")):   # fp32 rows first
+        out += [dwconv_bias(s + "/convnext-t", 1, c, hw, 7, dt) for c, hw in ((96, 56), (192, 28), (384, 14), (768, 7))]
+        out += [dwconv_bn_silu(s + "/efficientnet", b, 480, 14, low) for b in (1, 8)]
+    return out + [dwconv_bn_silu(s + "/efficientnet", 32, 144, 56)]
+
+
+SUITES = {"norms": norm_cases, "subgraphs": subgraph_cases, "heldout": heldout_cases, "dwconv": dwconv_cases}
 
 
 def cases_for(suites) -> list[BenchCase]:

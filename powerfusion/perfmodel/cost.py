@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 
 from powerfusion.backends.registry import backend
-from powerfusion.gir.expr import evaluate, loads
+from powerfusion.gir.expr import affine_coefficient, evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units
 from powerfusion.targets.specs import MemorySystem, Occupancy, TargetSpec, get_target
@@ -196,12 +196,17 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spill
     est = Estimate(launches=1, limits=(f"occupancy:{lim.limited_by}",) + (("streamed",) if streamed else ()))
     read_so_far: dict[str, float] = {}
     written: set[str] = set()
-    phases, pending_sync = 1, False
+    phases, pending_sync, staged = 1, False, False
     for op in (streamed if streamed is not None else ops):
         if isinstance(op.args, Sync):
             est = est + _sync_estimate(op, graph, lim, t)
             pending_sync = pending_sync or op.args.scope >= 1
+            if staged and op.args.scope >= 2:
+                # a group waits at the barrier for the global loads staged before it: their
+                # latency is exposed once more (the stencil's tile; measured 0.4-2 us over cols)
+                phases, staged = phases + 1, False
             continue
+        staged = staged or any(s.level == Level.GLOBAL for s in op.inputs)
         if pending_sync and any(s.level == Level.GLOBAL for s in op.inputs):
             phases, pending_sync = phases + 1, False
         est = est + _op_estimate(op, graph, lim, t, read_so_far, written)
@@ -282,6 +287,10 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
         memory_s += max(dram / bw, (dram + cached) / _cache_bandwidth(t, sms_used))
         if bw < t.bandwidth * (t.memory.achievable if t.memory else 1.0) * 0.999:
             limits.append("parallelism")
+    lsu_s = _lsu_seconds(op, units, P, t, sms_used)
+    if lsu_s > memory_s:
+        memory_s = lsu_s
+        limits.append("load/store issue")
     flops = _flops(op, units, P)
     compute_s = 0.0
     if flops:
@@ -290,6 +299,48 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
         compute_s = flops / max(rate, 1.0)
     return Estimate(tuple(sorted(by_level.items())), flops, memory_s=memory_s, compute_s=compute_s,
                     limits=tuple(limits))
+
+
+def _lsu_seconds(op: GOp, units: np.ndarray, P: Parallel, t: TargetSpec, sms_used: int) -> float:
+    """The SMs' load/store pipe: every warp-wide access of a GLOBAL or SHARED slice is one
+    instruction however few of its lanes are live, and takes a wavefront per 128-byte line
+    (global: the sectors it touches over the coalesced minimum; shared: its bank-conflict
+    degree); an SM retires one wavefront per clock, the rate the calibrated shared bandwidth
+    measures (128 B per clock per SM). Measured on H200 (benchmarks/results/gir-dwconv.md): a
+    7x7 depthwise conv over 7x7 planes, one unit per 7-wide row, ran 4.2 us where the bytes
+    alone predicted 2.6 (25 of 32 lanes idle in each of 98 accesses per output row); the
+    stencil over the flattened plane, a quarter of the instructions, ran 2.9."""
+    if t.lanes < 2 or not len(units):
+        return 0.0
+    shared = t.levels.get("shared")
+    if shared is None or not shared.bandwidth:
+        return 0.0
+    rate = shared.bandwidth / 128.0 * sms_used / t.groups_concurrent
+    waves = 0.0
+    for s in op.inputs + op.outputs:
+        if s.level == Level.REGISTER:
+            continue
+        vec = _access_vec(s, units)
+        per_unit = s.num * max(1, -(-s.width // (P.lanes * vec)))
+        degree = _bank_conflicts(s, units, P) if s.level == Level.SHARED else \
+            _sector_amplification(s, units, P, t.memory)
+        waves += per_unit * len(units) * degree
+    return waves / rate
+
+
+def _access_vec(s: MemorySlice, units: np.ndarray) -> int:
+    """The vector width a lane's access gets: the slice's, where the index is contiguous in j
+    and each segment starts aligned (sampled), else 1 (the renderer then goes element-wise)."""
+    if s.vec == 1 or loads(s.index) or affine_coefficient(s.index, "j") != 1:
+        return 1
+    return s.vec if _aligned_cached(s.index, s.num, s.vec, tuple(_sample_units(units))) else 1
+
+
+@lru_cache(maxsize=65536)
+def _aligned_cached(index, num, vec, sample_units) -> bool:
+    u = np.asarray(sample_units, dtype=np.int64)[:, None]
+    i = np.arange(min(num, 8), dtype=np.int64)[None, :]
+    return not np.any(np.asarray(evaluate(index, {"u": u, "i": i, "j": 0})) % vec)
 
 
 def _global_bandwidth(t: TargetSpec, concurrent: float, sms_used: int, inflight: float) -> float:

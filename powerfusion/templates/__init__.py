@@ -14,7 +14,9 @@ Templates (name: parameters):
   concat.rows: TileParams (one unit per output row; guarded loads per input)
   transpose.tiled: ops_tiled.TileTransposeParams(tile, units) (SHARED tile, BLOCK sync)
   reduce.row_warp / .cols / .block / .grid: ops_reduce.ReduceParams(style, vec, split)
-  matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec)
+  matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec) (no dot for
+  depthwise windows under two warps)
+  conv.depthwise.stencil: ops_stencil.StencilParams(vec) (SHARED input tile + halo, BLOCK sync)
 Conventions: compute on REGISTER tiles in the identity layout (index i*width + j), fp16 and
 bf16 widened to float32 in registers, W = lanes*vec (1 for one-element rows), tails masked
 by `valid` on the GLOBAL slices and on the register tiles reductions read.
@@ -25,7 +27,7 @@ from typing import Callable
 
 from powerfusion import basic as B
 from powerfusion.templates.common import Candidate, Ctx, buffer_names, resolve_target, sanitize
-from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_tiled
+from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_stencil, ops_tiled
 
 TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
     B.Elementwise: ops_map.elementwise,
@@ -40,7 +42,7 @@ TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
     B.Window: ops_map.window,
     B.Reduce: ops_reduce.reduce,
     B.MatMul: ops_matmul.matmul,
-    B.Conv: ops_matmul.conv,
+    B.Conv: lambda ctx: ops_matmul.conv(ctx) + ops_stencil.conv_stencil(ctx),
 }
 
 

@@ -311,9 +311,16 @@ def default_choice(subgraph: Subgraph, graph: BasicGraph, target="cuda") -> dict
     return _best_descent(MergePlan(subgraph, graph, target))
 
 
+FLAT = 0   # the "units per row" of the flat family: a unit per warp-wide run of the flat tensor
+
+
 def _per_row(c: Candidate) -> int | None:
-    """Units per row of a row-wise candidate (None: not row-wise)."""
+    """Units per row of a row-wise candidate (None: not row-wise). The depthwise stencil over
+    flattened planes counts as FLAT: its units line up with chunk maps of one segment (the
+    BatchNorm and activation after it), which no rows family prefers."""
     p = c.params
+    if getattr(p, "layout", None) == "flat":
+        return FLAT
     if getattr(p, "kind", None) == "rows":
         return p.per_row
     style = getattr(p, "style", None)
@@ -322,7 +329,10 @@ def _per_row(c: Candidate) -> int | None:
 
 def _family_score(c: Candidate, family: tuple) -> int:
     vec, per_row = family
-    return (getattr(c.params, "vec", None) == vec) + 2 * (per_row is not None and _per_row(c) == per_row)
+    mine = _per_row(c)
+    if per_row == FLAT and getattr(c.params, "kind", None) == "chunk" and c.params.num == 1:
+        mine = FLAT
+    return (getattr(c.params, "vec", None) == vec) + 2 * (per_row is not None and mine == per_row)
 
 
 def _families(plan: MergePlan) -> list[tuple]:

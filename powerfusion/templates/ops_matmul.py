@@ -86,9 +86,11 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     # several short dots beats one dot per unit wherever it is offered
     points = sorted(rows, key=lambda q: (-q.rows, -q.vec)) + [DotParams("dot", v) for v in dot_v] + \
         [DotParams("cols", v) for v in col_v]
-    if Kn < ctx.lanes and L > 1:
+    if (Kn < ctx.lanes or (name == "conv.depthwise" and Kn < 2 * ctx.lanes)) and L > 1:
         # a dot shorter than a warp leaves most lanes idle (a 3x3 depthwise window: 9 of 32,
-        # measured 20x slower than cols, which the model did not see): cols only
+        # measured 20x slower than cols, which the model did not see): cols only. A 7x7 window
+        # (49 taps, two warp-wide segments gathered across 7 input rows) ran 1.7-6x slower than
+        # cols at every ConvNeXt-T stage on H200 (benchmarks/results/gir-dwconv.md)
         points = [q for q in points if q.style != "dot"]
     splits = _splits(Kn)
     if splits and Kn > 2048:   # unsplit cols would hold the whole reduction per lane: split only

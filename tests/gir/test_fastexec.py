@@ -94,6 +94,20 @@ def _conv_case():
     return b.build()
 
 
+def _conv_stencil_cases():
+    """Stencil shapes: a 7x7 window over 7x7 planes (a group's rows cross planes, the last
+    group is partly empty), and fp16 at stride 2 with dilation 2 and uneven padding."""
+    out = []
+    for shape, k, stride, pads, dil, dt in [((1, 3, 7, 7), 7, (1, 1), ((3, 3), (3, 3)), (1, 1), "float32"),
+                                            ((2, 2, 11, 13), 3, (2, 2), ((2, 1), (1, 2)), (2, 2), "float16")]:
+        b = GraphBuilder("c", 2)
+        x = b.input("x", shape, dt)
+        w = b.constant("w", np.random.default_rng(1).standard_normal((shape[1], 1, k, k)).astype(dt))
+        b.op(B.Conv(stride, pads[0], pads[1], dil, shape[1]), [x, w])
+        out.append(b.build())
+    return out
+
+
 TEMPLATE_CASES = {  # one case (or more) per basic op kind that has templates, tails included
     B.Elementwise: [_one(B.Elementwise("add"), [(5, 70), (5, 70)]), _one(B.Elementwise("tanh"), [(6, 40)], "float16"),
                     _one(B.Elementwise("cast", (("to", np.dtype("float16")),)), [(4, 33)])],
@@ -110,7 +124,7 @@ TEMPLATE_CASES = {  # one case (or more) per basic op kind that has templates, t
     B.Reduce: [_one(B.Reduce("sum", (1,), False), [(6, 300)]), _one(B.Reduce("max", (0,), True), [(300, 6)]),
                _one(B.Reduce("sum", (0, 2), False), [(4, 6, 5)], "float16")],
     B.MatMul: [_one(B.MatMul(False, False), [(1, 40), (40, 24)]), _one(B.MatMul(True, False), [(40, 1), (40, 24)])],
-    B.Conv: [_conv_case()],
+    B.Conv: [_conv_case(), *_conv_stencil_cases()],
 }
 
 

@@ -173,9 +173,10 @@ def test_depthwise_conv(stride, pad, mult, k):
     w = b.input("w", (C * mult, 1, k, k))
     bias = b.input("bias", (C * mult,))
     b.op(B.Conv(stride, pad[0], pad[1], (1, 1), C), [x, w, bias])
-    # a 3x3 window (9 < 32 lanes) gets no one-output-per-warp dot; a 7x7 one (49) does
-    expect = ["conv.depthwise.cols"] + (["conv.depthwise.dot"] if k * k >= 32 else [])
-    check_node_candidates(b.build(), expect_templates=expect)
+    # windows under two warps (3x3: 9, 7x7: 49 taps) get no one-output-per-warp dot; every
+    # 2-D depthwise conv gets the SHARED-tile stencil
+    cands = check_node_candidates(b.build(), expect_templates=["conv.depthwise.cols", "conv.depthwise.stencil"])
+    assert "conv.depthwise.dot" not in {c.name for c in cands}
 
 
 def test_dense_conv_is_rejected_with_node_name():
