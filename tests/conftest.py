@@ -4,7 +4,8 @@ headless Chromium; `slow` tests run unless `-m "not slow"` deselects them.
 Every test run compiles into its own cache folder (plans, kernels, compile results), never
 the user's: `isolated_cache_dir` below. Tests that need a compiler call `require_tool` (or ask
 for the `nvcc` / `gxx` fixture): a missing compiler skips, and fails where CI requires it.
-`compiled(model, target)` is a bundled model (models/small/) compiled once per run."""
+`compiled(model, target)` is a bundled model (models/small/) compiled once per run.
+`--fast` runs the fast lane only (tests/fast_lane.py)."""
 from __future__ import annotations
 
 import functools
@@ -78,7 +79,24 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast lane only: unit tests, seconds per file (tests/fast_lane.py lists it)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("--fast"):
+        from fast_lane import left_out
+        return True if left_out(collection_path) else None
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--fast"):   # the lane needs no device, browser or minutes
+        slow = [i for i in items if {"gpu", "browser", "slow"} & set(i.keywords)]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if i not in slow]
     for item in items:
         if "gpu" in item.keywords and (reason := gpu_missing_reason()):
             item.add_marker(pytest.mark.skip(reason=reason))

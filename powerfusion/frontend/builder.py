@@ -11,6 +11,7 @@ import onnx
 from powerfusion.errors import NodeError
 from powerfusion.basic import (BasicNode, Broadcast, Elementwise, OpArgs, Origin, Reduce, Reshape,
                                         TensorInfo, Transpose)
+from powerfusion.frontend.numpy_exec import EXECUTORS
 from powerfusion.scalar import scalar_fn
 
 
@@ -55,7 +56,6 @@ class GraphBuilder:
         if info.size == 0:   # an empty tensor is a constant: nothing to compute
             return self.constant(np.empty(info.shape, dtype=info.dtype), name=out)
         if self._foldable(op, inputs, info):
-            from powerfusion.frontend.numpy_exec import EXECUTORS
             value = EXECUTORS[type(op)](op, [self.constants[i] for i in inputs], info.dtype)
             return self.constant(np.asarray(value).astype(info.dtype).reshape(info.shape), name=out)
         self.tensors[out] = info

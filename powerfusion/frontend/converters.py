@@ -18,9 +18,10 @@ from powerfusion.basic import BasicGraph, TensorInfo
 from powerfusion.frontend import (ops_conv_transpose, ops_einsum, ops_elementwise, ops_index, ops_nn, ops_resize,
                                   ops_shape)
 from powerfusion.frontend.builder import GraphBuilder, NodeCtx
+from powerfusion.frontend.evaluate import evaluate_reference
 from powerfusion.frontend.fallback import can_fall_back, convert_fallback
 from powerfusion.frontend.fallback import report as report_fallback
-from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset
+from powerfusion.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, expanded_from, initializer_arrays
 from powerfusion.frontend.quantized import check_quantized, convert_quantized, is_quantized
 
 CONVERTERS: dict[str, Callable[[NodeCtx], None]] = {
@@ -62,7 +63,6 @@ def convert_graph(model: onnx.ModelProto, arrays: dict | None = None, fallback: 
     """A folded, shape-inferred ModelProto -> BasicGraph. `arrays`: initializer values already
     converted to numpy, by name. `fallback` ('onnxruntime'): nodes we cannot convert run
     through it as library steps where they can (frontend/fallback.py)."""
-    from powerfusion.frontend.fold import initializer_arrays
     g = model.graph
     opset = default_opset(model)
     consts = initializer_arrays(model, {} if arrays is None else arrays)
@@ -155,7 +155,6 @@ def _check_supported(ctxs: list[NodeCtx], fallback: str | None = None) -> set[in
 def _unsupported_entry(cx: NodeCtx, reason: str) -> tuple[str, str, int, str]:
     """(node, op type, opset, reason); a node of an expanded function body is reported as the
     model's node it came from, naming the body's op that failed."""
-    from powerfusion.frontend.expand import expanded_from
     origin = expanded_from(cx.node)
     if origin is None:
         return cx.origin.node, cx.op_type, cx.opset, f"{reason}; input shapes {_shapes(cx)}"
@@ -199,7 +198,6 @@ def _invalid_inputs_reason(cx: NodeCtx) -> str | None:
     """Where every input is a constant or has a small static shape, run the node once on zeros
     with the ONNX reference: its error names what is wrong (Reshape with two -1, Slice step 0,
     a Split that does not add up), which "no static shape" would hide."""
-    from powerfusion.frontend.fold import _evaluate
     feeds, total = {}, 0
     for i, name in enumerate(cx.node.input):
         if not name:
@@ -222,7 +220,7 @@ def _invalid_inputs_reason(cx: NodeCtx) -> str | None:
         if data.ndim and int(sizes.sum()) != data.shape[axis]:
             return f"its split sizes {sizes.tolist()} add up to {int(sizes.sum())}, not to axis {axis}'s {data.shape[axis]}"
     try:
-        _evaluate(cx.node, feeds, cx.opset)
+        evaluate_reference(cx.node, feeds, cx.opset)
     except Exception as e:   # the reference's own error, whatever its type
         text = str(e).strip().splitlines()
         return f"its inputs are invalid for {cx.op_type}: {text[0] if text else type(e).__name__}"

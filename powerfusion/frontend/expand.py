@@ -13,12 +13,10 @@ import onnx
 import onnx.inliner
 from onnx import defs
 
-from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset, infer_shapes
+from powerfusion.frontend.loader import infer_shapes
+from powerfusion.frontend.onnx_graph import DEFAULT_DOMAINS, EXPANDED_FROM, default_opset, node_origin
 
 EXPAND_DOMAIN = "powerfusion.expand"
-# metadata key on every node of an inlined body: "op type/node name" of the node it replaced,
-# so that an unsupported node of a body is reported as the op the model used
-EXPANDED_FROM = "powerfusion.expanded_from"
 MAX_DEPTH = 4   # a body may use ops that are functions themselves
 
 
@@ -43,7 +41,7 @@ def _expand_once(model: onnx.ModelProto, converted: set[str]) -> onnx.ModelProto
         body = function_body(node, opset, types)
         if body is None or not _convertible(body, opset, converted):
             continue
-        origin = _origin(node) or f"{node.op_type}/{node.name or node.op_type + '_' + str(index)}"
+        origin = node_origin(node) or f"{node.op_type}/{node.name or node.op_type + '_' + str(index)}"
         for inner in body.node:
             _set_origin(inner, origin)
         body.domain, body.name = EXPAND_DOMAIN, f"{node.op_type}_{index}"
@@ -102,18 +100,8 @@ def _convertible(body: onnx.FunctionProto, opset: int, converted: set[str]) -> b
     return all(ok(n) for n in body.node)
 
 
-def _origin(node: onnx.NodeProto) -> str | None:
-    return next((p.value for p in node.metadata_props if p.key == EXPANDED_FROM), None)
-
-
-def expanded_from(node: onnx.NodeProto) -> tuple[str, str] | None:
-    """(op type, node name) of the model's node whose function body `node` came from."""
-    origin = _origin(node)
-    return tuple(origin.split("/", 1)) if origin else None
-
-
 def _set_origin(node: onnx.NodeProto, origin: str) -> None:
-    if _origin(node) is None:
+    if node_origin(node) is None:
         node.metadata_props.add(key=EXPANDED_FROM, value=origin)
 
 

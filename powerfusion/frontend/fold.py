@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from powerfusion.frontend.loader import DEFAULT_DOMAINS, default_opset, infer_shapes
+from powerfusion.frontend.evaluate import evaluate_onnxruntime, evaluate_reference
+from powerfusion.frontend.loader import infer_shapes
+from powerfusion.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, initializer_arrays
 
 # ops whose output differs from run to run: never folded
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -75,13 +76,6 @@ def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
-def initializer_arrays(model: onnx.ModelProto, cache: dict) -> dict[str, np.ndarray]:
-    for t in model.graph.initializer:
-        if t.name not in cache:
-            cache[t.name] = numpy_helper.to_array(t)
-    return {t.name: cache[t.name] for t in model.graph.initializer}
-
-
 def _fold_once(model, arrays):
     g = model.graph
     opset = default_opset(model)
@@ -133,7 +127,8 @@ def _try_fold(node, consts, shapes, dtypes, opset):
     if not all(i == "" or i in consts for i in node.input):
         return None
     feeds = {i: consts[i] for i in node.input if i}
-    evaluators = (_evaluate_ort, _evaluate) if node.op_type in REFERENCE_MISHANDLES else (_evaluate, _evaluate_ort)
+    evaluators = ((evaluate_onnxruntime, evaluate_reference) if node.op_type in REFERENCE_MISHANDLES
+                  else (evaluate_reference, evaluate_onnxruntime))
     for evaluate in evaluators:
         try:
             return evaluate(node, feeds, opset)
@@ -142,36 +137,6 @@ def _try_fold(node, consts, shapes, dtypes, opset):
     # neither evaluator takes the op or the values: the node stays, and conversion
     # either handles it or reports it (UnsupportedOpError / NodeError) with the others
     return None
-
-
-def _evaluate(node, feeds, opset):
-    """Run one node at the model's opset (a bare NodeProto would run at the latest one)."""
-    inputs = [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-              for k, v in feeds.items()]
-    outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    values = ReferenceEvaluator(model).run(None, feeds)
-    it = iter(values)
-    return [next(it) if o else None for o in node.output]
-
-
-def _evaluate_ort(node, feeds, opset):
-    """The same in onnxruntime (an optional dependency: ImportError when it is absent)."""
-    import onnxruntime as ort
-    inputs = [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-              for k, v in feeds.items()]
-    outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
-    graph = onnx.helper.make_graph([node], "fold", inputs, outputs)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    model.ir_version = 8  # a version every onnxruntime reads; the opset carries the semantics
-    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    values = dict(zip([o.name for o in outputs], sess.run(None, feeds)))
-    return [np.asarray(values[o]) if o else None for o in node.output]
 
 
 def _drop_dead(model):

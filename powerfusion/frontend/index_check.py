@@ -16,23 +16,11 @@ import numpy as np
 
 from powerfusion.errors import DataError
 from powerfusion.basic import BasicNode, Gather, GatherElements
+from powerfusion.frontend.numpy_exec import EXECUTORS, bad_index
 
 
 def gather_nodes(nodes) -> list[BasicNode]:
     return [n for n in nodes if isinstance(n.op, (Gather, GatherElements))]
-
-
-def bad_index(indices: np.ndarray, n: int) -> int | None:
-    """An index outside [-n, n), or None when every one is inside."""
-    idx = np.asarray(indices)
-    if idx.size == 0:
-        return None
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < -n:
-        return lo
-    if hi >= n:
-        return hi
-    return None
 
 
 COMPUTED_INDEX_ELEMENTS = 1 << 20
@@ -80,7 +68,6 @@ def computed_index(name: str, step_nodes, env: dict, tensors: dict):
         todo.extend(producers[t].inputs)
     if sum(int(np.prod(tensors[t].shape, dtype=np.int64)) for t in seen) > COMPUTED_INDEX_ELEMENTS:
         return None
-    from powerfusion.frontend.numpy_exec import EXECUTORS
     local = {}
     for node in sorted(set(chain), key=list(step_nodes).index):
         args = [local[i] if i in local else env[i] for i in node.inputs]

@@ -20,10 +20,14 @@ import onnx
 from onnx import shape_inference
 
 from powerfusion.errors import ModelError
+from powerfusion.frontend.converters import raise_unsupported
+from powerfusion.frontend.inference_errors import describe_failure
+from powerfusion.frontend.memory_check import check_external_tensor, check_initializer_data, check_memory
+from powerfusion.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
+from powerfusion.frontend.quantized import inference_stand_ins
 
 MIN_OPSET, MAX_OPSET = 11, 21
 MIN_UPGRADABLE_OPSET = 7
-DEFAULT_DOMAINS = ("", "ai.onnx")
 # ops whose definitions after MAX_OPSET our converters read as they are: Cast/CastLike's
 # round_mode (opset 24) only affects float8e8m0 results, a type we reject; SpaceToDepth's
 # mode (opset 28) is read by its converter; Range's stash_type (opset 27) is folded by
@@ -48,7 +52,6 @@ def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None, *,
     _fix_input_shapes(proto, shapes or {}, where, weights)
     _fix_input_shapes(skeleton, shapes or {}, where, weights)
     _annotate(proto, _infer(skeleton, where))
-    from powerfusion.frontend.memory_check import check_initializer_data, check_memory
     check_memory(proto, where)   # before folding or converting allocates anything
     check_initializer_data(proto, where)
     return proto
@@ -62,15 +65,12 @@ def infer_shapes(proto: onnx.ModelProto, where: str = "the model") -> onnx.Model
 
 
 def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
-    from powerfusion.frontend.quantized import inference_stand_ins
     proto = inference_stand_ins(proto)  # onnx knows no MatMulNBits: same-shaped MatMuls stand in
     try:
         return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        from powerfusion.frontend.inference_errors import describe_failure
         error = ModelError(f"shape inference failed on {where}: {describe_failure(proto, e, default_opset(proto))}")
     # ops we do not know (custom domains...) also stop strict inference: report those instead
-    from powerfusion.frontend.converters import raise_unsupported
     raise_unsupported(shape_inference.infer_shapes(proto, data_prop=True))
     raise error
 
@@ -144,13 +144,6 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
     return int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
 
-def default_opset(proto: onnx.ModelProto) -> int:
-    for imp in proto.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            return imp.version
-    return 1
-
-
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
     """trtexec syntax: 'x:1x3x224x224,y:4' -> {'x': (1, 3, 224, 224), 'y': (4,)}; 'x:' is a scalar.
     The split is on the last ':' so names containing ':' still work."""
@@ -192,7 +185,6 @@ def _read(model, sources: list[str] | None = None) -> tuple[onnx.ModelProto, str
             if not os.path.isfile(f):
                 raise ModelError(f"model file '{path}' keeps tensor data in '{f}', which does not exist")
         if files:
-            from powerfusion.frontend.memory_check import check_external_tensor
             for t in _external_tensors(proto):
                 check_external_tensor(t, os.path.dirname(path) or ".", f"model file '{path}'")
             try:

@@ -9,8 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from powerfusion.errors import FeedError
+from powerfusion.errors import DataError, FeedError
 from powerfusion import basic as B
+from powerfusion.frontend.fallback import run_fallback
+from powerfusion.frontend.quantized import run_typed_matmul as run_quantized_matmul
 from powerfusion.scalar import scalar_fn
 
 LOW_PRECISION = ("float16", "bfloat16")
@@ -133,9 +135,20 @@ def run_conv(op: B.Conv, args, dtype):
     return y.astype(dtype)
 
 
+def bad_index(indices: np.ndarray, n: int) -> int | None:
+    """An index outside [-n, n), or None when every one is inside."""
+    idx = np.asarray(indices)
+    if idx.size == 0:
+        return None
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -n:
+        return lo
+    if hi >= n:
+        return hi
+    return None
+
+
 def _in_range(idx, n: int):
-    from powerfusion.errors import DataError
-    from powerfusion.frontend.index_check import bad_index
     bad = bad_index(idx, n)
     if bad is not None:
         raise DataError(f"gather index {bad} is out of range for an axis of size {n}")
@@ -175,10 +188,8 @@ EXECUTORS = {
 
 
 def run_onnx_fallback(op, args, dtype):
-    from powerfusion.frontend.fallback import run_fallback
     return run_fallback(op, args, dtype)
 
 
 def run_typed_matmul(op, args, dtype):
-    from powerfusion.frontend.quantized import run_typed_matmul as run
-    return run(op, args, dtype)
+    return run_quantized_matmul(op, args, dtype)

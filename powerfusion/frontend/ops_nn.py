@@ -14,6 +14,7 @@ import numpy as np
 
 from powerfusion.basic import Conv, MatMul, Transpose, Window
 from powerfusion.frontend.builder import NodeCtx
+from powerfusion.frontend.numpy_exec import window_view
 
 REDUCE = {"ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min", "ReduceProd": "prod", "ReduceMean": "mean",
           "ReduceSumSquare": "sumsquare", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceLogSumExp": "logsumexp"}
@@ -359,7 +360,6 @@ def convert_avgpool(cx: NodeCtx):
 def _pool_counts(spatial, win: Window, pads, include_pad: bool) -> np.ndarray:
     """How many positions each output window averages: real inputs, plus the explicit
     `pads` when count_include_pad (never the extra end padding added for ceil_mode or auto_pad)."""
-    from powerfusion.frontend.numpy_exec import window_view
     mask = np.ones(spatial, dtype=np.float64)
     begins, ends = win.pad_begins, win.pad_ends
     if include_pad and pads:

@@ -7,6 +7,7 @@ from onnx import numpy_helper
 
 from powerfusion.basic import Concat, Gather, GatherElements, Pad, Slice
 from powerfusion.frontend.builder import NodeCtx
+from powerfusion.frontend.numpy_exec import bad_index
 
 
 def convert_reshape(cx: NodeCtx):
@@ -140,7 +141,6 @@ def convert_gather(cx: NodeCtx):
 
 
 def _check_constant_indices(cx: NodeCtx, n: int) -> None:
-    from powerfusion.frontend.index_check import bad_index
     idx = cx.const(1)
     if idx is not None and (bad := bad_index(idx, int(n))) is not None:
         cx.fail(f"constant index {bad} is out of range for an axis of size {n} (allowed [-{n}, {n - 1}])")

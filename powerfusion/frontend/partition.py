@@ -26,6 +26,7 @@ import numpy as np
 
 from powerfusion.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
                                OnnxFallback, Partition, Reduce, Subgraph, TypedMatMul)
+from powerfusion.frontend.quantized import packed_bytes
 from powerfusion.targets.specs import get_target
 from powerfusion.scalar import scalar_fn
 
@@ -52,7 +53,6 @@ def node_flops(graph: BasicGraph, node: BasicNode) -> int:
 
 def node_bytes(graph: BasicGraph, node: BasicNode) -> int:
     if isinstance(node.op, TypedMatMul):  # the weight at its packed width, not one byte per int4
-        from powerfusion.frontend.quantized import packed_bytes
         return packed_bytes(graph, node)
     return sum(graph.tensors[t].nbytes for t in set(node.inputs)) + sum(graph.tensors[t].nbytes for t in node.outputs)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import Matmul, PackedWeight
-from .quant import QuantizedWeight
+from .quant import QuantizedWeight, quantize_rows_int8
 
 _ROWS_SRC = r"""
 #include <cuda_fp16.h>
@@ -85,7 +85,6 @@ class Int8ActMatmul:
 
     def reference(self, A: np.ndarray, packed: PackedWeight) -> np.ndarray:
         """numpy: per-row int8 rounding in float64, the integer GEMM's reference, rescale."""
-        from .onnx_lowbit import quantize_rows_int8
         q, s = quantize_rows_int8(np.asarray(A, np.float32))
         inner = PackedWeight(packed.words, packed.scale, packed.zeros, None, packed.layout, packed.K)
         y = self.inner.reference(q.astype(np.int8), inner).astype(np.float64) * s

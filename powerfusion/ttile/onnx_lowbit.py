@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from powerfusion.errors import NodeError
 
 from .onnx_quant import _unique, copy_with_uses
-from .quant import QuantizedWeight, pack_bits, quantize, unpack_bits
+from .quant import QuantizedWeight, pack_bits, quantize, quantize_rows_int8, unpack_bits
 from .ttype import e8m0_decode, get_ttype
 
 PF_DOMAIN = "ai.powerfusion"
@@ -133,14 +133,6 @@ def _decode_weight(node, consts: dict) -> QuantizedWeight:
     scale = s.reshape(N, blocks)
     scale = scale if tt.kind == "block" else scale.astype(np.float16)
     return QuantizedWeight(wd, codes, scale, None, bs if bs < K or tt.kind == "block" else K, None)
-
-
-def quantize_rows_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row symmetric int8 (the op's act_dtype int8): (codes, scale [rows, 1]) in float64."""
-    a = np.asarray(a, np.float64)
-    s = np.abs(a).max(axis=-1, keepdims=True) / 127.0
-    s = np.where(s == 0, 1.0, s)
-    return np.clip(np.rint(a / s), -127, 127), s
 
 
 def matmul_lowbit_reference(node, inputs: list) -> np.ndarray:

@@ -132,6 +132,15 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
     return (q - z) * s
 
 
+def quantize_rows_int8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric int8 (MatMulLowBit's act_dtype int8, Int8ActMatmul): (codes, scale
+    [rows, 1]) in float64."""
+    a = np.asarray(a, np.float64)
+    s = np.abs(a).max(axis=-1, keepdims=True) / 127.0
+    s = np.where(s == 0, 1.0, s)
+    return np.clip(np.rint(a / s), -127, 127), s
+
+
 # ---- bit packing ----
 
 def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:

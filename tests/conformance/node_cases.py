@@ -51,7 +51,7 @@ def all_cases() -> dict:
 
 
 def case_opset(model: onnx.ModelProto) -> int:
-    from powerfusion.frontend.loader import default_opset
+    from powerfusion.frontend.onnx_graph import default_opset
     return default_opset(model)
 
 

@@ -13,22 +13,13 @@ import math
 import numpy as np
 
 from powerfusion.backends.source import KernelSource, RenderError, op_line_ranges
+from powerfusion.backends.cstyle.accumulate import accumulator, sumexp_push
 from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
+from powerfusion.backends.cstyle.streaming import Run, render_run, stream_segments
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
 from powerfusion.gir.interpreter import np_dtype
-
-_IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-INFINITY)", "min": "(INFINITY)"}
-# max/min combine with the dialect's NaN-propagating helpers (renderer.nan_propagating says why)
-_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "pf_fmaxf({a}, {b})", "min": "pf_fminf({a}, {b})"}
-# integer and bool reductions accumulate exactly in 64-bit integers (a float accumulator
-# rounds sums above 2^24 and turns an empty max's -inf into true)
-_INT_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
-_BOOL_IDENTITY = {"sum": "0LL", "prod": "1LL", "max": "0LL", "min": "1LL"}
-_INT_COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({a}) > ({b}) ? ({a}) : ({b}))",
-                "min": "(({a}) < ({b}) ? ({a}) : ({b}))"}
-
 
 _U = U
 FEW_UNITS = 1024   # a kernel with at most this many units launches one unit per group (see units_per_group)
@@ -40,26 +31,6 @@ def c_float(x: float) -> str:
     if math.isinf(x):
         return "(-INFINITY)" if x < 0 else "(INFINITY)"
     return f"{float(x)!r}f"
-
-
-def sumexp_push(m: str, s: str, x: str, dtype: str) -> str:
-    """One element x into a reduce(sumexp) state (running max m, sum s of exp(. - m)): the sum
-    is rescaled when the max grows (online softmax); one exp per element."""
-    t, e = ("double", "exp") if dtype == "float64" else ("float", "expf")
-    return (f"{{ const {t} x_ = {x}; if (x_ > {m}) {{ {s} = {s} * {e}({m} - x_) + ({t})1; {m} = x_; }} "
-            f"else {{ {s} += (x_ == {m}) ? ({t})1 : {e}(x_ - {m}); }} }}")
-
-
-def _accumulator(dtype: str, fn: str) -> tuple[str, str, str]:
-    """(C type, identity, combine template) of a reduction's accumulator for `dtype`."""
-    kind = "f" if dtype == "bfloat16" else np.dtype(dtype).kind
-    if kind == "b":   # false/true bound a bool max/min (the int64 extremes would cast to true)
-        return "long long", _BOOL_IDENTITY[fn], _INT_COMBINE[fn]
-    if kind in "iu":
-        return "long long", _INT_IDENTITY[fn], _INT_COMBINE[fn]
-    if dtype == "float64":
-        return "double", _IDENTITY[fn].replace("0f", "0"), _COMBINE[fn].replace("fmaxf", "fmax").replace("fminf", "fmin")
-    return "float", _IDENTITY[fn], _COMBINE[fn]
 
 
 @dataclass(frozen=True)
@@ -349,7 +320,7 @@ class KernelRenderer:
         fn = op.args.fn
         if fn == "sumexp":
             return self._sumexp(op)
-        acct, ident, comb = _accumulator(self.dtype(dst), fn)
+        acct, ident, comb = accumulator(self.dtype(dst), fn)
         lay = self.reg[src.buffer]
         L = self.r.lanes
         sv = self._valid(src)
@@ -424,9 +395,12 @@ class KernelRenderer:
             return [f"{self.r.barrier};"]
         raise _err("a DEVICE sync inside a kernel (kernels are split at DEVICE syncs)")
 
+    def instruction(self, op: GOp) -> list[str]:
+        """C lines of one gOperator (INSTRUCTIONS: its kind's method)."""
+        return INSTRUCTIONS[type(op.args)](self, op)
+
     # ---- assembly -------------------------------------------------------------------------
     def render(self):
-        from powerfusion.backends.cstyle.streaming import Run, render_run, stream_segments
         body = []
         segments = stream_segments(self)
         streamed = {b for seg in segments or () if isinstance(seg, Run) for b in seg.local}
@@ -437,7 +411,7 @@ class KernelRenderer:
                 body.append(f"// streamed over {op.num} rows: gops {', '.join(str(o.uid) for o in op.ops)}")
                 body += [f"if ({guard}) {{", *["  " + x for x in lines], "}"]
                 continue
-            lines = INSTRUCTIONS[type(op.args)](self, op)
+            lines = self.instruction(op)
             if not lines:
                 continue
             guard = "unit_live" + (f" && ({self.expr(op.guard)})" if op.guard is not None else "")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from powerfusion.backends.cstyle.accumulate import accumulator, sumexp_push
 from powerfusion.gir.expr import Var, substitute
 from powerfusion.gir.ir import Broadcast, Elementwise, GOp, Level, MemorySlice, Move, Reduce
 
@@ -191,8 +192,8 @@ def row_view(s: MemorySlice, run: Run) -> MemorySlice:
 
 
 def render_run(low, run: Run) -> list[str]:
-    """C lines of a streamed run (inside the unit's guard, which the caller adds)."""
-    from powerfusion.backends.cstyle.kernel import INSTRUCTIONS, _accumulator, sumexp_push
+    """C lines of a streamed run (inside the unit's guard, which the caller adds). `low` (the
+    kernel.py renderer, which imports this module) renders each gOperator's own lines."""
     L = low.r.lanes
     per = run.width // L
     pre, body, post = [], [], []
@@ -204,7 +205,7 @@ def render_run(low, run: Run) -> list[str]:
             continue
         if isinstance(op.args, Reduce):
             src, dst = view.inputs[0], view.outputs[0]
-            acct, ident, comb = _accumulator(low.dtype(dst), op.args.fn)
+            acct, ident, comb = accumulator(low.dtype(dst), op.args.fn)
             acc = low.ident("acc", f"{dst.buffer}_{op.uid}")
             vec = low.reg[src.buffer].vec
             pre.append(f"{acct} {acc}[{per}];")
@@ -217,7 +218,7 @@ def render_run(low, run: Run) -> list[str]:
             body += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {take}"]
             post += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {low.ref(dst, 's')} = {acc}[s];"]
             continue
-        body += [f"// gop {op.uid}: {op.describe()} (row ri)", *INSTRUCTIONS[type(op.args)](low, view)]
+        body += [f"// gop {op.uid}: {op.describe()} (row ri)", *low.instruction(view)]
     decls = [f"{low.r.ctype[low.graph.buffer(b).dtype]} {low.ident('r', b)}[{per}];" for b in sorted(run.local)]
     unroll = max(UNROLL, min(IN_FLIGHT // max(1, per), run.num))
     return [*pre, f"#pragma unroll {unroll}", f"for (int ri = 0; ri < {run.num}; ++ri) {{",
