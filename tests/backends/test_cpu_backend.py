@@ -198,3 +198,43 @@ def test_matmul_runner_matches_numpy(a_shape, b_shape, trans_a, trans_b):
     want = np.matmul(np.swapaxes(a, -1, -2) if trans_a else a, np.swapaxes(b, -1, -2) if trans_b else b)
     got = MatMulRunner(MatMul(trans_a, trans_b), np.empty(want.shape, np.float32))(a, b)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_float4_casts_run_as_c_and_match_the_interpreter():
+    """Cast to and from FLOAT4E2M1 (stored one code a byte, as ml_dtypes' float4_e2m1fn) in
+    generated C, bit for bit the cpu-reference target's (ml_dtypes') codes: ties to the even
+    code, saturation at 6, signed zeros, NaN of either sign, infinities, subnormal inputs."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+    from powerfusion import InferenceSession
+    f4 = TensorProto.FLOAT4E2M1
+    nodes = [helper.make_node("Cast", ["x"], ["q"], to=f4), helper.make_node("Cast", ["q"], ["d"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["d", "z"], ["y"]), helper.make_node("Mul", ["x", "z"], ["xz"]),
+             helper.make_node("Cast", ["xz"], ["q2"], to=f4)]
+    n = 64
+    graph = helper.make_graph(nodes, "f4", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [n]) for v in "xz"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n]),
+                               helper.make_tensor_value_info("q2", f4, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 11
+    edges = [0.0, -0.0, 0.25, 0.2500001, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.0001, 6.0, 7.0, 1e30, np.inf, -np.inf,
+             np.nan, -np.nan, 1e-45, -1e-45, -0.25, -0.74, -2.6, -5.0, -100.0]
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.array(edges, np.float32), rng.uniform(-8, 8, n - len(edges)).astype(np.float32)])
+    x[16], x[17] = np.float32(np.nan), -np.float32(np.nan)   # both signs of NaN, whatever the literal gives
+    feeds = {"x": x, "z": np.ones(n, np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no fallback to the GIR executor
+        sess = InferenceSession(model)
+    assert set(sess.subgraph_paths.values()) == {"c"}, sess.fallbacks
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = sess.run(None, feeds)
+        want = InferenceSession(model, target="cpu-reference").run(None, feeds)
+    codes = (x * feeds["z"]).astype(ml_dtypes.float4_e2m1fn)
+    assert got[1].dtype == codes.dtype
+    np.testing.assert_array_equal(got[1].view(np.uint8), codes.view(np.uint8))
+    np.testing.assert_array_equal(got[1].view(np.uint8), want[1].view(np.uint8))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[0], x.astype(ml_dtypes.float4_e2m1fn).astype(np.float32) + 1)

@@ -7,7 +7,8 @@ of that iteration (thread-local scratch), WARP and BLOCK syncs order nothing tha
 order does not already order, and a DEVICE sync is a kernel boundary (one OpenMP loop per
 kernel). The inner per-element loops are left to the compiler's vectoriser (`restrict`
 pointers, `-O3 -march=native`). fp16 is `_Float16`; bf16 is kept as its bit pattern
-(uint16_t) and converted with round-to-nearest-even, as numpy's ml_dtypes does.
+(uint16_t) and converted with round-to-nearest-even, as numpy's ml_dtypes does; float4 e2m1
+(Cast only) is its code in a byte, converted as ml_dtypes' float4_e2m1fn is.
 float32 exp, tanh and erf (and sigmoid, through exp) are the header's inline, branch-free
 forms, not libm's: libm's are scalar calls of 10-25 ns an element, most of a GELU's or a
 softmax's time; the inline forms vectorise and were measured within 1.1 ulp (exp, normal
@@ -45,6 +46,24 @@ static inline pf_bf16 pf_f_to_bf16(float f) {
   uint32_t b; memcpy(&b, &f, 4);
   if ((b & 0x7fffffffu) > 0x7f800000u) return (pf_bf16)((b >> 16) | 0x40u);   /* NaN stays NaN */
   return (pf_bf16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+/* float4 e2m1 (ONNX FLOAT4E2M1, ml_dtypes float4_e2m1fn), one code per byte as numpy stores it:
+   sign, 2 exponent bits, 1 mantissa bit; magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. To float4:
+   round to nearest, ties to the even code, larger magnitudes (and infinities) saturate to 6;
+   NaN (no such code) becomes the zero of the opposite sign, as ml_dtypes (the interpreter) does. */
+static inline float pf_e2m1_to_f(uint8_t c) {
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float m = mag[c & 7u];
+  return (c & 8u) ? -m : m;
+}
+static inline uint8_t pf_f_to_e2m1(float f) {
+  uint32_t b; memcpy(&b, &f, 4);
+  uint8_t sign = (uint8_t)((b >> 28) & 8u);
+  if (f != f) return (uint8_t)(sign ^ 8u);
+  float a = fabsf(f);
+  uint8_t code = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
+               : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
+  return (uint8_t)(sign | code);
 }
 static inline float pf_int_as_float(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 #define __int_as_float(x) pf_int_as_float(x)
@@ -116,9 +135,10 @@ class CPURenderer(CRenderer):
     skeleton_package = "powerfusion.backends.cpu"
     skeleton = "kernel.j2"
     ctype = {**CRenderer.ctype, "float16": "_Float16", "bfloat16": "pf_bf16", "int16": "int16_t",
-             "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t", "int64": "long long"}
-    to_float = {"float16": "((float)({}))", "bfloat16": "pf_bf16_to_f({})"}
-    from_float = {"float16": "((_Float16)({}))", "bfloat16": "pf_f_to_bf16({})"}
+             "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t", "int64": "long long",
+             "float4_e2m1fn": "uint8_t"}
+    to_float = {"float16": "((float)({}))", "bfloat16": "pf_bf16_to_f({})", "float4_e2m1fn": "pf_e2m1_to_f({})"}
+    from_float = {"float16": "((_Float16)({}))", "bfloat16": "pf_f_to_bf16({})", "float4_e2m1fn": "pf_f_to_e2m1({})"}
     vector_type: dict = {}   # no hand-written vector moves: the compiler vectorises the element loops
     device_faults = False    # integer division: scalar() refuses it (the GIR executor checks the divisor)
 

@@ -162,7 +162,7 @@ class KernelRenderer:
     def _fill(self, x: float, sdt: str, ddt: str) -> str:
         """A masked-off element's value in `ddt`: 16-bit float fills are written as float
         literals and converted, so `cond ? half : fill` has one type on both sides."""
-        lit = "float32" if sdt in ("float16", "bfloat16") else sdt
+        lit = "float32" if sdt in self.r.to_float else sdt   # 16-bit floats, the CPU's float4 codes
         return self.r.convert(_fill_literal(x, lit), lit, ddt)
 
     def _valid(self, s: MemorySlice) -> str | None:
@@ -301,7 +301,8 @@ class KernelRenderer:
         for s in op.inputs:
             dt = self.dtype(s)
             ref = self.ref(s, "slot")
-            operands.append(self.r.convert(ref, dt, "float32") if dt in ("float16", "bfloat16") else ref)
+            # stored types that compute as float (16-bit floats; the CPU's float4 codes)
+            operands.append(self.r.convert(ref, dt, "float32") if dt in self.r.to_float else ref)
         fn = op.args.fn
         if fn in FAULTING and odt in INTEGER_DTYPES and self.r.device_faults:
             site = self._fault_site(fn, op.origin, odt)
