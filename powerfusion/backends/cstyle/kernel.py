@@ -346,7 +346,7 @@ class KernelRenderer:
         # over num: each lane combines its own slots down the segments
         if lay.replicated:
             inner = [f"acc = {comb.format(a='acc', b=self.ref(src, 'i'))};"]
-            return [f"{{ {acct} acc = {ident};", "#pragma unroll", f"for (int i = 0; i < {src.num}; ++i) "
+            return [f"{{ {acct} acc = {ident};", self._num_pragma(fn, acct), f"for (int i = 0; i < {src.num}; ++i) "
                     + (f"{{ const int j = 0; if ({sv}) {inner[0]} }}" if sv else inner[0]),
                     f"{self.ref(dst, '0')} = acc; }}"]
         per = src.width // L
@@ -355,8 +355,16 @@ class KernelRenderer:
             body = (f"{{ const int j = ((s / {lay.vec}) * {L} + lane) * {lay.vec} + s % {lay.vec}; "
                     f"if ({sv}) {body} }}")
         return ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {{ {acct} acc = {ident};",
-                "  #pragma unroll", f"  for (int i = 0; i < {src.num}; ++i) {body}",
+                "  " + self._num_pragma(fn, acct), f"  for (int i = 0; i < {src.num}; ++i) {body}",
                 f"  {self.ref(dst, 's')} = acc; }}"]
+
+    def _num_pragma(self, fn: str, acct: str) -> str:
+        """The pragma before a reduction's loop down the segments: the dialect's `sum_pragma`
+        for a float sum where it has one (the CPU lets the compiler reorder that sum into SIMD
+        partial sums; a serial chain of float adds waits an add's latency per element)."""
+        if fn == "sum" and acct in ("float", "double") and self.r.sum_pragma:
+            return self.r.sum_pragma
+        return "#pragma unroll"
 
     def _sumexp(self, op: GOp) -> list[str]:
         """reduce(sumexp) over num: per slot a running max and a rescaled sum (sumexp_push)."""

@@ -42,6 +42,7 @@ class CRenderer:
     to_float = {"float16": "__half2float({})", "bfloat16": "__bfloat162float({})"}
     from_float = {"float16": "__float2half_rn({})", "bfloat16": "__float2bfloat16_rn({})"}
     vector_type = {4: "unsigned int", 8: "uint2", 16: "uint4"}
+    sum_pragma = ""   # before a float sum's loop down a register tile's segments ("": #pragma unroll)
     # integer division checks its divisor in the kernel and records a fault for the host
     # (backends/cstyle/faults.py); a dialect without that refuses integer division itself
     device_faults = True
