@@ -1,10 +1,17 @@
 """CPU latency of the CPU session (generated C + numpy BLAS) against onnxruntime (CPU provider).
 
     PYTHONPATH=$PWD python3 benchmarks/bench_cpu_latency.py [--threads 2] [--models resnet50,bert_small]
+        [--exports build/cpu-zoo] [--export-python PYTHON]
 
-Models: the bundled small models (models/small, manifest inputs) and the CNNs shipped inside
+Models: the bundled small models (models/small, manifest inputs); the CNNs shipped inside
 the onnx package (onnx/backend/test/data/light/light_*.onnx; their ConstantOfShape weight
-fills are replaced by random He-scaled weights, batch 1, 224x224). Both runtimes use the same
+fills are replaced by random He-scaled weights, batch 1, 224x224); and models exported from
+torchvision and transformers (zoo_models.CPU_SET: ResNet-18/50, MobileNetV2, MobileNetV3-small,
+EfficientNet-B0, DenseNet-121, ConvNeXt-T, ViT-B/16, BERT-base and GPT-2 at 128 tokens; random
+calibrated weights, batch 1, fp32, as zoo_models exports them). Those are read from
+`--exports`; missing ones are exported there first by `--export-python` (a python with torch,
+torchvision and transformers; by default this one), so the timing process needs no torch.
+Their feeds: a standard normal image, token ids uniform in [0, 1000). Both runtimes use the same
 thread count (onnxruntime: intra_op_num_threads; ours: OMP_NUM_THREADS and the BLAS's threads,
 set before numpy loads). Runs come in three alternating blocks per runtime (see measure),
 median wall time per run, each block after one warm-up; per-step times (library calls and memory-bound
@@ -66,6 +73,27 @@ def light_model(name: str):
     inp = kept[0]
     shape = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
     return model, {inp.name: rng.standard_normal(shape).astype(np.float32)}
+
+
+def zoo_model(name: str, exports: Path, python: str):
+    """An exported torchvision/transformers model (exported first if missing) and its feeds."""
+    import numpy as np
+    import onnx
+    from zoo_models import export_name
+    path = exports / export_name(name, 1, "fp32")
+    if not path.exists():
+        subprocess.run([python, str(ROOT / "benchmarks" / "zoo_models.py"), str(exports), name], check=True)
+    model = onnx.load(path)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    inits = {t.name for t in model.graph.initializer}
+    for vi in (v for v in model.graph.input if v.name not in inits):
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            feeds[vi.name] = rng.integers(0, 1000, size=shape, dtype=np.int64)
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return model, feeds
 
 
 def small_models() -> dict:
@@ -134,23 +162,33 @@ def write(rows: list[dict], threads: int, load_start: float) -> None:
     import math
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
-    geo = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
-    geo_min = math.exp(sum(math.log(r["powerfusion_min_ms"] / r["onnxruntime_min_ms"]) for r in rows) / len(rows))
+    def geomean(values):
+        values = list(values)
+        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+    geo = geomean(r["ratio"] for r in rows)
+    geo_min = geomean(r["powerfusion_min_ms"] / r["onnxruntime_min_ms"] for r in rows)
+    exported = [r for r in rows if r.get("set") == "exported"]
+    geo_exp = geomean(r["ratio"] for r in exported)
+    geo_exp_min = geomean(r["powerfusion_min_ms"] / r["onnxruntime_min_ms"] for r in exported)
     meta = {"device": f"{os.cpu_count()}-core CPU ({_cpu_name()})", "threads": threads, "commit": commit,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_1min": os.getloadavg()[0],
             "load_avg_1min_start": load_start,
-            "geomean_ratio": geo, "worst_ratio": max(r["ratio"] for r in rows), "geomean_min_ratio": geo_min}
+            "geomean_ratio": geo, "worst_ratio": max(r["ratio"] for r in rows), "geomean_min_ratio": geo_min,
+            "exported_geomean_ratio": geo_exp, "exported_geomean_min_ratio": geo_exp_min}
     out = ROOT / "benchmarks" / "results" / "cpu-latency"
     out.with_suffix(".json").write_text(json.dumps({**meta, "models": rows}, indent=1) + "\n")
     lines = [f"# CPU latency: PowerFusion (target cpu) vs onnxruntime", "",
              f"{meta['date']}, commit {commit}, {meta['device']}, {threads} threads each, load average "
              f"{load_start:.1f} at the start and {meta['load_avg_1min']:.1f} at the end (other processes share the cores). Median over three alternating blocks of runs per runtime, batch 1.", "",
              f"Geomean ratio **{geo:.2f}x**, worst {meta['worst_ratio']:.2f}x; of the fastest runs {geo_min:.2f}x.", "",
+             f"The {len(exported)} models exported from torchvision/transformers (set `exported`): geomean "
+             f"**{geo_exp:.2f}x**, worst {max((r['ratio'] for r in exported), default=float('nan')):.2f}x; "
+             f"of the fastest runs {geo_exp_min:.2f}x.", "",
              "Min columns: the fastest run of each, less subject to preemption by other processes (a run longer than",
              "the scheduler's time slice is likely to be preempted once when the cores are oversubscribed).", "",
-             "| model | powerfusion (ms) | onnxruntime (ms) | ratio | min: powerfusion | min: onnxruntime | min ratio | max rel. err | runs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['powerfusion_ms']:.2f} | {r['onnxruntime_ms']:.2f} | {r['ratio']:.2f}x | "
+             "| model | set | powerfusion (ms) | onnxruntime (ms) | ratio | min: powerfusion | min: onnxruntime | min ratio | max rel. err | runs |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r.get('set', '')} | {r['powerfusion_ms']:.2f} | {r['onnxruntime_ms']:.2f} | {r['ratio']:.2f}x | "
               f"{r['powerfusion_min_ms']:.2f} | {r['onnxruntime_min_ms']:.2f} | "
               f"{r['powerfusion_min_ms'] / r['onnxruntime_min_ms']:.2f}x | {r['max_rel_err']:.1e} | {r['runs']} |" for r in rows]
     lines += ["", "Slowest steps of the three worst ratios (median ms per run):", ""]
@@ -177,13 +215,21 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=30, help="per runtime, over all blocks")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model, at most")
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--exports", type=Path, default=ROOT / "build" / "cpu-zoo",
+                    help="folder of the torchvision/transformers exports (written if missing)")
+    ap.add_argument("--export-python", default=sys.executable,
+                    help="python with torch, torchvision and transformers, for missing exports")
     args = ap.parse_args(argv)
     set_threads(args.threads)   # before numpy / the BLAS / OpenMP load
-    loaders = {**small_models(), **{n: (lambda n=n: light_model(n)) for n in LIGHT}}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from zoo_models import CPU_SET
+    loaders = {**small_models(), **{n: (lambda n=n: light_model(n)) for n in LIGHT},
+               **{n: (lambda n=n: zoo_model(n, args.exports, args.export_python)) for n in CPU_SET}}
     names = [n for n in args.models.split(",") if n] or list(loaders)
     rows, load_start = [], os.getloadavg()[0]
     for name in names:
         row = measure(name, loaders[name], args.threads, args.runs, args.budget)
+        row["set"] = "exported" if name in CPU_SET else "onnx light" if name in LIGHT else "bundled"
         print(json.dumps(row), flush=True)
         rows.append(row)
     write(rows, args.threads, load_start)

@@ -26,21 +26,26 @@ TORCHVISION = ("resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", 
                "swin_t")
 TRANSFORMERS = ("bert_base", "gpt2", "llama")
 MODELS = TORCHVISION + TRANSFORMERS
+# the CPU latency set (bench_cpu_latency.py): the GPU zoo's CNNs and transformers less Swin and
+# the LLaMA-style decoder, plus MobileNetV2 and DenseNet-121
+CPU_SET = ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "densenet121",
+           "convnext_tiny", "vit_b_16", "bert_base", "gpt2")
 
 
 @dataclass
 class Built:
-    module: object          # torch.nn.Module on the GPU, eval mode, in the row's dtype
-    args: tuple             # torch tensors on the GPU
+    module: object          # torch.nn.Module on the device, eval mode, in the row's dtype
+    args: tuple             # torch tensors on the device
     names: list[str]        # ONNX input names
 
 
-def build(name: str, batch: int, dtype: str) -> Built:
-    """The module and its inputs for one row (module in `dtype`; token ids stay int64)."""
+def build(name: str, batch: int, dtype: str, device: str = "cuda") -> Built:
+    """The module and its inputs for one row (module in `dtype`; token ids stay int64); any
+    torchvision classifier by name, or one of TRANSFORMERS."""
     import torch
     from models.weights import calibrate_batchnorm, perturb_uniform_parameters
     torch.manual_seed(0)
-    if name in TORCHVISION:
+    if name not in TRANSFORMERS:
         module = _torchvision(name)
         perturb_uniform_parameters(module)
         calibrate_batchnorm(module, torch.randn(4, *IMAGE))
@@ -52,8 +57,8 @@ def build(name: str, batch: int, dtype: str) -> Built:
         ids = torch.randint(0, vocab, (batch, SEQ), generator=torch.Generator().manual_seed(2))
         args, names = (ids,), ["input_ids"]
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    module = module.eval().cuda().to(torch_dtype)
-    args = tuple(a.cuda().to(torch_dtype) if a.is_floating_point() else a.cuda() for a in args)
+    module = module.eval().to(device, torch_dtype)
+    args = tuple(a.to(device, torch_dtype) if a.is_floating_point() else a.to(device) for a in args)
     return Built(module, args, names)
 
 
@@ -129,3 +134,36 @@ def one_line(e: BaseException, limit: int = 300) -> str:
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         text = type(e).__name__ + (f" at {Path(where.filename).name}:{where.lineno}" if where else "")
     return f"{type(e).__name__}: {text}"[:limit]
+
+
+def main(argv=None) -> int:
+    """Exports models on the CPU (fp32) into a folder, for runtimes that read ONNX only:
+    `python benchmarks/zoo_models.py OUT_DIR [--batch 1] [name ...]` (default: CPU_SET), with a
+    python that has torch, torchvision and transformers. Prints one line per model."""
+    import argparse
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in args.names or CPU_SET:
+        path = args.out / export_name(name, args.batch, "fp32")
+        try:
+            how = "cached" if path.exists() else export(build(name, args.batch, "fp32", device="cpu"), path)
+            print(f"{name}: {how} -> {path}", flush=True)
+        except Exception as e:
+            failed += 1
+            print(f"{name}: FAILED {one_line(e)}", flush=True)
+    return 1 if failed else 0
+
+
+def export_name(name: str, batch: int, dtype: str) -> str:
+    return f"{name}_b{batch}_{dtype}.onnx"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

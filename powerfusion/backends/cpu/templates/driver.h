@@ -118,6 +118,15 @@ typedef struct {
 static void NAME##_direct(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y) {    \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   int big = s->n * s->m * plane * cg * taps >= PF_PARALLEL_ELEMENTS;                                 \
+  /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
+     row's multiply-adds: a 240-channel 14x14 5x5 depthwise conv 0.81 -> 0.64 ms, one thread) */                \
+  long long los[s->kw], his[s->kw];                                                                  \
+  for (long long kj = 0; kj < s->kw; ++kj) {                                                         \
+    long long jo = kj * s->dw - s->pw;                                                               \
+    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                               \
+    his[kj] = (s->w - jo + s->sw - 1) / s->sw;                                                       \
+    if (his[kj] > s->ow) his[kj] = s->ow;                                                            \
+  }                                                                                                  \
   _Pragma("omp parallel for schedule(static) if(big)")                                               \
   for (long long job = 0; job < s->n * s->m * s->oh; ++job) {                                        \
     long long oi = job % s->oh, no = job / s->oh, o = no % s->m, img = no / s->m;                    \
@@ -132,10 +141,7 @@ static void NAME##_direct(const pf_conv_shape *s, const T *x, const T *wt, const
         const T *xr = xp + ii * s->w;                                                                \
         for (long long kj = 0; kj < s->kw; ++kj) {                                                   \
           T wv = wp[ki * s->kw + kj];                                                                \
-          long long jo = kj * s->dw - s->pw;                                                         \
-          long long lo = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                    \
-          long long hi = (s->w - jo + s->sw - 1) / s->sw;                                            \
-          if (hi > s->ow) hi = s->ow;                                                                \
+          long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                             \
           if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj + jo]; }     \
           else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }        \
         }                                                                                            \
