@@ -83,6 +83,8 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((1, 16, 7, 7), (8, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True),        # 1x1: a plain GEMM
     ((2, 8, 9, 9), (8, 1, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 8, True),          # depthwise, strided, padded
     ((1, 8, 6, 7), (8, 1, 5, 3), (1, 2), (2, 0, 2, 1), (2, 1), 8, False),         # depthwise, dilated, uneven
+    ((2, 6, 14, 13), (6, 1, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 6, True),        # depthwise: the padded-plane path
+    ((1, 5, 9, 11), (5, 1, 3, 5), (1, 1), (0, 2, 1, 1), (1, 1), 5, False),        # plane path, uneven pads
     ((1, 6, 10, 8), (9, 2, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1), 3, True),         # grouped, dilated, uneven pads
     ((1, 4, 8, 8), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, False),         # depth multiplier 2
     ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # few blocks: the GEMM split

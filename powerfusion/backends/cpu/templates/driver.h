@@ -107,15 +107,50 @@ PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
    a 16-channel 64x64 3x3 convolution took 0.59 ms untiled). 1x1 stride-1 unpadded
    convolutions are one GEMM over the input itself (cols NULL). Depthwise convolutions (one
    input channel a group) and those with few output channels a group (a GEMM of a few rows
-   runs far below the BLAS's speed) are computed directly, an output row a job. */
+   runs far below the BLAS's speed) are computed directly, an output row a job; stride-1
+   depthwise ones whose padded plane is small, a channel a job over its padded plane. */
 #define PF_DIRECT_MAX_OUTPUTS 4
 typedef struct {
   long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw, rows, nbuf;
 } pf_conv_shape;
 
+#define PF_DW_PLANE_MAX 4096   /* padded plane elements of the depthwise plane path (two on the stack) */
 #define PF_DEFINE_CONV(NAME, T, GEMM)                                                                \
+/* depthwise, stride 1, no dilation, small planes: a channel a job. Its input is copied once into    \
+   a zero-padded plane of width pw2 = ow + kw - 1, and each tap is one multiply-add over the flat    \
+   output (oh rows of pw2, the kw - 1 columns past ow computed and dropped), so the loops run        \
+   oh * pw2 elements long instead of one short row (a 240-channel 14x14 5x5 conv: a loop of 14       \
+   elements per row and tap). */                                                                     \
+static void NAME##_dw_plane(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,       \
+                            const T *restrict bias, T *restrict y) {                                 \
+  long long ph2 = s->oh + s->kh - 1, pw2 = s->ow + s->kw - 1, flat = (s->oh - 1) * pw2 + s->ow;      \
+  int big = s->n * s->m * s->oh * s->ow * s->kh * s->kw >= PF_PARALLEL_ELEMENTS;                     \
+  _Pragma("omp parallel for schedule(static) if(big)")                                               \
+  for (long long job = 0; job < s->n * s->m; ++job) {                                                \
+    T pad[PF_DW_PLANE_MAX], acc[PF_DW_PLANE_MAX];                                                    \
+    const T *xp = x + job * s->h * s->w, *wp = wt + (job % s->m) * s->kh * s->kw;                    \
+    for (long long r = 0; r < ph2; ++r) {                                                            \
+      long long ii = r - s->ph;                                                                      \
+      for (long long c = 0; c < pw2; ++c) {                                                          \
+        long long jj = c - s->pw;                                                                    \
+        pad[r * pw2 + c] = (ii >= 0 && ii < s->h && jj >= 0 && jj < s->w) ? xp[ii * s->w + jj] : (T)0;\
+      }                                                                                              \
+    }                                                                                                \
+    for (long long f = 0; f < flat; ++f) acc[f] = (T)0;                                              \
+    for (long long ki = 0; ki < s->kh; ++ki)                                                         \
+      for (long long kj = 0; kj < s->kw; ++kj) {                                                     \
+        T wv = wp[ki * s->kw + kj];                                                                  \
+        const T *restrict src = pad + ki * pw2 + kj;                                                 \
+        for (long long f = 0; f < flat; ++f) acc[f] += wv * src[f];                                  \
+      }                                                                                              \
+    T b0 = bias ? bias[job % s->m] : (T)0, *yp = y + job * s->oh * s->ow;                            \
+    for (long long oi = 0; oi < s->oh; ++oi)                                                         \
+      for (long long oj = 0; oj < s->ow; ++oj) yp[oi * s->ow + oj] = acc[oi * pw2 + oj] + b0;        \
+  }                                                                                                  \
+}                                                                                                    \
 /* direct: one output row per job, its group's input channels and taps accumulated along the row */ \
-static void NAME##_direct(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y) {    \
+static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,         \
+                          const T *restrict bias, T *restrict y) {                                   \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   int big = s->n * s->m * plane * cg * taps >= PF_PARALLEL_ELEMENTS;                                 \
   /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
@@ -130,7 +165,7 @@ static void NAME##_direct(const pf_conv_shape *s, const T *x, const T *wt, const
   _Pragma("omp parallel for schedule(static) if(big)")                                               \
   for (long long job = 0; job < s->n * s->m * s->oh; ++job) {                                        \
     long long oi = job % s->oh, no = job / s->oh, o = no % s->m, img = no / s->m;                    \
-    T *yr = y + no * plane + oi * s->ow, b0 = bias ? bias[o] : (T)0;                                 \
+    T *restrict yr = y + no * plane + oi * s->ow, b0 = bias ? bias[o] : (T)0;                        \
     for (long long oj = 0; oj < s->ow; ++oj) yr[oj] = b0;                                            \
     for (long long ci = 0; ci < cg; ++ci) {                                                          \
       long long ch = (o / mg) * cg + ci;                                                             \
@@ -176,6 +211,10 @@ static void NAME##_im2col_rows(const pf_conv_shape *s, const T *xi, long long oi
   NAME##_im2col_row(s, xi, oi, 0, cols, plane);                                                      \
 }                                                                                                    \
 static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols) {    \
+  if (s->c == s->g && s->m == s->c && s->sh == 1 && s->sw == 1 && s->dh == 1 && s->dw == 1           \
+      && (s->oh + s->kh - 1) * (s->ow + s->kw - 1) <= PF_DW_PLANE_MAX) {                             \
+    NAME##_dw_plane(s, x, wt, bias, y); return;                                                      \
+  }                                                                                                  \
   if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y); return; } \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   long long k = cg * taps, blocks = (s->oh + s->rows - 1) / s->rows;                                 \
