@@ -179,7 +179,9 @@ def write(rows: list[dict], threads: int, load_start: float) -> None:
     out.with_suffix(".json").write_text(json.dumps({**meta, "models": rows}, indent=1) + "\n")
     lines = [f"# CPU latency: PowerFusion (target cpu) vs onnxruntime", "",
              f"{meta['date']}, commit {commit}, {meta['device']}, {threads} threads each, load average "
-             f"{load_start:.1f} at the start and {meta['load_avg_1min']:.1f} at the end (other processes share the cores). Median over three alternating blocks of runs per runtime, batch 1.", "",
+             f"{load_start:.1f} at the start and {meta['load_avg_1min']:.1f} at the end: other processes share the cores, "
+             "so medians of runs under a few ms move by up to 2x between runs. Median over three alternating blocks of "
+             "runs per runtime, batch 1.", "",
              f"Geomean ratio **{geo:.2f}x**, worst {meta['worst_ratio']:.2f}x; of the fastest runs {geo_min:.2f}x.", "",
              f"The {len(exported)} models exported from torchvision/transformers (set `exported`): geomean "
              f"**{geo_exp:.2f}x**, worst {max((r['ratio'] for r in exported), default=float('nan')):.2f}x; "
