@@ -64,9 +64,11 @@ def convert_pow(cx: NodeCtx):
         if v == 2.0:
             cx.ew("mul", x, x, out=cx.out())
             return
-        if v == 3.0 and dt.itemsize >= 4:   # GELU's tanh form: x*x*x, not powf (~20x the work);
-            # 16-bit floats keep one rounding (pow), as a chain of two muls would round twice
+        if v == 3.0 and dt.itemsize >= 4:   # GELU's tanh form: x*x*x, not powf (~20x the work)
             cx.ew("mul", cx.ew("mul", x, x), x, out=cx.out())
+            return
+        if v == 3.0 and dt.kind == "f":     # 16-bit floats: one op, so one rounding (as pow)
+            cx.ew("cube", x, out=cx.out())
             return
         if v == 0.5 and dt.kind == "f":
             cx.ew("sqrt", x, out=cx.out())

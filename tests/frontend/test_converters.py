@@ -40,6 +40,7 @@ CASES = [
     case("Pow", {"a": f32(2, 3)}, {"b": np.array(2.0, np.float32)}, id="Pow-square"),
     case("Pow", {"a": pos(2, 3)}, {"b": np.array(0.5, np.float32)}, id="Pow-sqrt"),
     case("Pow", {"a": f32(2, 3)}, {"b": np.array(3, np.int64)}, id="Pow-int-exponent"),
+    case("Pow", {"a": f32(3, 4).astype(np.float16)}, {"b": np.array(3.0, np.float16)}, id="Pow-cube-fp16"),
     case("Equal", {"a": ints(3, 4), "b": ints(4)}), case("Less", {"a": f32(3, 4), "b": f32(4)}),
     case("Greater", {"a": f32(3, 4), "b": f32(3, 1)}), case("LessOrEqual", {"a": ints(3, 4), "b": ints(3, 4)}),
     case("GreaterOrEqual", {"a": f32(3, 4), "b": f32(4)}), case("And", {"a": bools(3, 4), "b": bools(4)}),
