@@ -7,6 +7,7 @@ float32-computed reference, one fp16 rounding of the output).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -90,16 +91,16 @@ def test_graph_for_gpu_lanes_is_refused():
         MLURenderer().render(gir_cases.all_cases(lanes=32)[0].graph)
 
 
-VECTOR_OPS = {"add": "__bang_add", "sub": "__bang_sub", "mul": "__bang_mul", "max": "__bang_maximum",
-              "min": "__bang_minimum", "div": "__bang_active_reciphp"}
-UNARY_OPS = {"relu": "__bang_active_relu", "exp": "__bang_active_exp", "sigmoid": "__bang_active_sigmoid",
+VECTOR_OPS = {"add": "__bang_add", "sub": "__bang_sub", "mul": "__bang_mul", "div": "__bang_active_reciphp"}
+UNARY_OPS = {"exp": "__bang_active_exp", "sigmoid": "__bang_active_sigmoid",
              "reciprocal": "__bang_active_reciphp", "sqrt": "__bang_sqrt", "rsqrt": "__bang_active_rsqrthp",
              "abs": "__bang_abs", "neg": "__bang_mul_scalar"}
 
 
 def test_vector_instructions_match_numpy():
     """Each mapped scalar function becomes its __bang_* instruction (64 floats: whole 128-byte
-    granules) and agrees with numpy; a function without one (tanh) is a __mlu_func__ loop."""
+    granules) and agrees with numpy; a function without one (tanh), and max/min/relu (whose
+    instructions' NaN behaviour is undocumented), are __mlu_func__ loops."""
     width, units = 64, 10
     from powerfusion.scalar import scalar_fn
 
@@ -107,9 +108,11 @@ def test_vector_instructions_match_numpy():
         ops = [GOp(Elementwise(fn), (reg("xr"), reg("yr")), (reg(f"o_{fn}"),)) for fn in VECTOR_OPS]
         ops += [GOp(Elementwise(fn), (reg("yr"),), (reg(f"o_{fn}"),)) for fn in UNARY_OPS]
         ops.append(GOp(Elementwise("tanh"), (reg("xr"),), (reg("o_tanh"),)))
+        ops += [GOp(Elementwise(fn), (reg("xr"), reg("yr")), (reg(f"o_{fn}"),)) for fn in ("max", "min")]
+        ops.append(GOp(Elementwise("relu"), (reg("xr"),), (reg("o_relu"),)))
         return ops
 
-    names = [*VECTOR_OPS, *UNARY_OPS, "tanh"]
+    names = [*VECTOR_OPS, *UNARY_OPS, "tanh", "max", "min", "relu"]
     graph = rows_graph(units, width, ops_of, {f"out_{fn}": f"o_{fn}" for fn in names}, "vector ops")
     rng = np.random.default_rng(0)
     x = rng.standard_normal(units * width).astype(np.float32)
@@ -118,10 +121,11 @@ def test_vector_instructions_match_numpy():
     for fn, spelling in {**VECTOR_OPS, **UNARY_OPS}.items():
         assert f"{spelling}(" in src, fn
     assert "__mlu_func__ void" in src and "tanhf(" in src
+    assert not any(f"{v}(" in src for v in ("__bang_maximum", "__bang_minimum", "__bang_active_relu"))
     assert "x:0" not in src and "y.1" not in src  # model names are sanitised
     for fn in names:
         f = scalar_fn(fn)
-        want = f.numpy(x, y) if f.arity == 2 else f.numpy(x if fn == "tanh" else y)
+        want = f.numpy(x, y) if f.arity == 2 else f.numpy(x if fn in ("tanh", "relu") else y)
         np.testing.assert_allclose(res[f"out_{fn}"], want, rtol=1e-5, atol=1e-6, err_msg=fn)
 
 
@@ -141,8 +145,8 @@ def test_half_rows_convert_with_vector_instructions():
 
 @pytest.mark.parametrize("fn", ["sum", "max", "min"])
 def test_reductions_use_pooling_and_group_reduce(fn):
-    """Over num: one __bang_*pool; over width: *pool to one 128-byte group, then
-    __bang_reduce_sum / __bang_argmax / __bang_argmin."""
+    """Sum over num: one __bang_sumpool; over width: sumpool to one 128-byte group, then
+    __bang_reduce_sum. Max/min: scalar loops through pf_fmaxf/pf_fminf (NaN-propagating)."""
     num, width, units = 3, 64, 6
     blk = lambda b: MemorySlice(b, G, U * num * width + I * width + J, num, width, "float32")
     reg = MemorySlice("t", R, I * width + J, num, width, "float32")
@@ -158,9 +162,10 @@ def test_reductions_use_pooling_and_group_reduce(fn):
     graph = GIRGraph("reduce", Parallel(units, 4, 1), bufs, _numbered(ops), ("a",), ("over_num", "over_width"))
     a = np.random.default_rng(1).standard_normal(units * num * width).astype(np.float32)
     res, _, src = run_graph(graph, {"a": a})
-    pool = {"sum": "__bang_sumpool", "max": "__bang_maxpool", "min": "__bang_minpool"}[fn]
-    last = {"sum": "__bang_reduce_sum", "max": "__bang_argmax", "min": "__bang_argmin"}[fn]
-    assert src.count(f"{pool}(") == 2 and f"{last}(" in src
+    if fn == "sum":
+        assert src.count("__bang_sumpool(") == 2 and "__bang_reduce_sum(" in src
+    else:
+        assert src.count(f"acc = pf_f{fn}f(acc, ") == 2 and "pool(" not in src and "__bang_arg" not in src
     ref = getattr(np, fn)(a.reshape(units, num, width), axis=1)
     np.testing.assert_allclose(res["over_num"], ref.reshape(-1), rtol=1e-5, atol=1e-5)
     ref = getattr(np, fn)(a.reshape(units, num, width), axis=2)
@@ -353,3 +358,56 @@ def test_registers_crossing_a_kernel_boundary_are_recomputed():
     bad = replace(graph, ops=_numbered([*ops[:3], clobber, *ops[3:]]))
     with pytest.raises(RenderError, match="overwritten"):
         MLURenderer().render(bad)
+
+
+def test_max_min_relu_clip_and_reductions_propagate_nan():
+    """ONNX Max/Min/Relu/Clip and ReduceMax/ReduceMin give NaN where an operand is NaN (numpy and
+    onnxruntime agree); the emitted BANG C uses pf_fmaxf/pf_fminf (never fmaxf/fminf, whose
+    NaN-dropping is C's, nor the __bang_* max/min forms) and, run on the emulator, matches numpy:
+    NaN at the same places, every other element equal."""
+    from powerfusion.scalar import scalar_fn
+    num, width, units = 3, 64, 4
+    blk = lambda b: MemorySlice(b, G, U * num * width + I * width + J, num, width, "float32")
+    reg = lambda b: MemorySlice(b, R, I * width + J, num, width, "float32")
+    rows = MemorySlice("r_max", R, I, num, 1, "float32")
+    rows_min = MemorySlice("r_min", R, I, num, 1, "float32")
+    elementwise = {"max": ("xr", "yr"), "min": ("xr", "yr"), "relu": ("xr",), "clip": ("xr",)}
+    params = {"clip": (("lo", -0.5), ("hi", 0.5))}
+    ops = [GOp(Move(), (blk("x"),), (reg("xr"),)), GOp(Move(), (blk("y"),), (reg("yr"),))]
+    ops += [GOp(Elementwise(fn, params.get(fn, ())), tuple(reg(a) for a in ins), (reg(f"o_{fn}"),))
+            for fn, ins in elementwise.items()]
+    ops += [GOp(Reduce("max", "width"), (reg("xr"),), (rows,)), GOp(Reduce("min", "width"), (reg("xr"),), (rows_min,))]
+    ops += [GOp(Move(), (reg(f"o_{fn}"),), (blk(f"out_{fn}"),)) for fn in elementwise]
+    ops += [GOp(Move(), (r,), (MemorySlice(f"out_{r.buffer}", G, U * num + I, num, 1, "float32"),))
+            for r in (rows, rows_min)]
+    full = [f"out_{fn}" for fn in elementwise]
+    bufs = tuple(Buffer(b, G, units * num * width, "float32") for b in ("x", "y", *full))
+    bufs += tuple(Buffer(f"out_{b}", G, units * num, "float32") for b in ("r_max", "r_min"))
+    bufs += tuple(Buffer(b, R, num * width, "float32") for b in ("xr", "yr", *(f"o_{fn}" for fn in elementwise)))
+    bufs += (Buffer("r_max", R, num, "float32"), Buffer("r_min", R, num, "float32"))
+    graph = GIRGraph("nan ops", Parallel(units, 4, 1), bufs, _numbered(ops), ("x", "y"),
+                     (*full, "out_r_max", "out_r_min"))
+    rng = np.random.default_rng(3)
+    x, y = (rng.standard_normal((units, num, width)).astype(np.float32) for _ in range(2))
+    x[0, 0, ::7] = np.nan     # NaN in the first operand (and inside rows reduced)
+    y[1, 1, ::5] = np.nan     # ... in the second
+    x[2, 2, 3] = y[2, 2, 3] = np.nan
+    x[3, 1, -1] = np.nan      # last element of a row: a max over it must still be NaN
+    res, _, src = run_graph(graph, {"x": x.reshape(-1), "y": y.reshape(-1)})
+    for fn, ins in elementwise.items():
+        f = scalar_fn(fn)
+        want = f.numpy(*[{"xr": x, "yr": y}[a] for a in ins], **dict(params.get(fn, ()))).reshape(-1)
+        got = res[f"out_{fn}"]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=fn)
+        np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)], err_msg=fn)
+    for fn in ("max", "min"):
+        want = getattr(np, fn)(x, axis=2).reshape(-1)
+        got = res[f"out_r_{fn}"]
+        assert np.isnan(want).sum() == 3
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"reduce {fn}")
+        np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)], err_msg=f"reduce {fn}")
+    body = src.split("#define PF_NAN_OPS", 1)[1].split("#endif", 1)[1]
+    dropping = re.findall(r"(?<![\w])(fmaxf|fminf|__bang_maximum|__bang_minimum|__bang_active_relu|__bang_maxpool|"
+                          r"__bang_minpool|__bang_argmax|__bang_argmin)\(", body)
+    assert not dropping, dropping
+    assert "pf_fmaxf(" in body and "pf_fminf(" in body

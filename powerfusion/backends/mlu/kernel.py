@@ -347,6 +347,12 @@ __mlu_func__ int pf_imax(int a, int b) {{ return a > b ? a : b; }}
 __mlu_func__ int pf_ifloormod(int a, int b) {{ int r = a % b; return (r != 0 && (r < 0) != (b < 0)) ? r + b : r; }}
 __mlu_func__ int pf_ifloordiv(int a, int b) {{ return (a - pf_ifloormod(a, b)) / b; }}
 #endif
+#ifndef PF_NAN_OPS
+#define PF_NAN_OPS
+// ONNX max/min/Relu/Clip propagate NaN; fmaxf/fminf and compare-selects drop it
+__mlu_func__ float pf_fmaxf(float a, float b) {{ return (a != a || b != b) ? a + b : (a > b ? a : b); }}
+__mlu_func__ float pf_fminf(float a, float b) {{ return (a != a || b != b) ? a + b : (a < b ? a : b); }}
+#endif
 {helpers}
 __mlu_entry__ void {name}({params}) {{
   static_assert({nram_need} <= PF_NRAM_BYTES, "NRAM arena too small for {name}");

@@ -20,14 +20,18 @@ from powerfusion.gir.ir import GOp, Level, MemorySlice
 VEC_DTYPES = ("float32", "float16")
 GRANULE = 128          # bytes: vector lengths are padded to this
 STAGE_ELEMS = 4096     # largest staging chunk (elements) of a gather/convert store
-_VEC_BINARY = {"add": "__bang_add", "sub": "__bang_sub", "mul": "__bang_mul", "max": "__bang_maximum",
-               "min": "__bang_minimum"}
-_VEC_UNARY = {"relu": "__bang_active_relu", "exp": "__bang_active_exp", "sigmoid": "__bang_active_sigmoid",
+# ONNX max/min/Relu/Clip (and numpy, onnxruntime) give NaN where an operand is NaN. What
+# __bang_maximum/__bang_minimum/__bang_active_relu, the max/min pools and __bang_argmax/argmin do
+# with NaN is not documented (docs/bang.md), and a compare-select drops it, so those functions
+# and reductions take the scalar loops with the NaN-propagating pf_fmaxf/pf_fminf instead.
+_VEC_BINARY = {"add": "__bang_add", "sub": "__bang_sub", "mul": "__bang_mul"}
+_VEC_UNARY = {"exp": "__bang_active_exp", "sigmoid": "__bang_active_sigmoid",
               "reciprocal": "__bang_active_reciphp", "sqrt": "__bang_sqrt", "rsqrt": "__bang_active_rsqrthp",
               "abs": "__bang_abs"}
-_POOL = {"sum": "__bang_sumpool", "max": "__bang_maxpool", "min": "__bang_minpool"}
+_POOL = {"sum": "__bang_sumpool"}
 _COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "max": "(({b}) > ({a}) ? ({b}) : ({a}))",
             "min": "(({b}) < ({a}) ? ({b}) : ({a}))"}
+_FLOAT_COMBINE = {**_COMBINE, "max": "pf_fmaxf({a}, {b})", "min": "pf_fminf({a}, {b})"}
 _INT_IDENTITY = {"sum": "0", "prod": "1", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
 _FLOAT_IDENTITY = {"sum": "0.0f", "prod": "1.0f", "max": "(-__builtin_inff())", "min": "__builtin_inff()"}
 
@@ -265,17 +269,15 @@ class OpEmitter:
             if over == "num" and self.vec_whole(dst, True):
                 # HWC pooling with C = width, W = num: dst[c] = reduce over w of src[w * C + c]
                 return [f"{_POOL[fn]}({d}, {s}, {src.width}, 1, {src.num}, 1, {src.num}, 1, 1);"]
-            if over == "width" and fn in ("sum", "max", "min"):
+            if over == "width":
                 # per row: pool the row down to one 128-byte group, then reduce that group
                 w = src.width // g
                 self.need_tmp(2 * GRANULE)
                 t = f"(({self.r.ctype[dt]}*)pf_tmp)"
-                last = {"sum": f"__bang_reduce_sum({t} + {g}, {t}, {g});",
-                        "max": f"__bang_argmax({t} + {g}, {t}, {g});", "min": f"__bang_argmin({t} + {g}, {t}, {g});"}[fn]
                 a, _ = self.at(dst, "k", "d")
                 return [f"for (int k = 0; k < {src.num}; ++k) {{", f"  {self._coords(dst, 'd')}",
-                        f"  {_POOL[fn]}({t}, {s} + k * {src.width}, {g}, 1, {w}, 1, {w}, 1, 1);", f"  {last}",
-                        f"  {d}[{a}] = {t}[{g}];", "}"]
+                        f"  {_POOL[fn]}({t}, {s} + k * {src.width}, {g}, 1, {w}, 1, {w}, 1, 1);",
+                        f"  __bang_reduce_sum({t} + {g}, {t}, {g});", f"  {d}[{a}] = {t}[{g}];", "}"]
         return self._scalar_reduce(op)
 
     def _scalar_reduce(self, op: GOp) -> list[str]:
@@ -289,7 +291,7 @@ class OpEmitter:
         si, sj = ("o", "n") if over == "width" else ("n", "o")
         a = self.idx(src.index, si, sj)
         val = self.r.convert(f"{self.base(src)}[{a}]", sdt, "float32") if sdt == "float16" else f"{self.base(src)}[{a}]"
-        upd = f"acc = {_COMBINE[fn].format(a='acc', b=val)};"
+        upd = f"acc = {(_FLOAT_COMBINE if is_float else _COMBINE)[fn].format(a='acc', b=val)};"
         if src.valid is not None:
             upd = f"if ({self.idx(src.valid, si, sj)}) {upd}"
         da = self.idx(dst.index, "k / " + str(dst.width), "k % " + str(dst.width)) if dst.width > 1 or dst.num > 1 \

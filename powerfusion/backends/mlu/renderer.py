@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from powerfusion.backends.mlu.slices import c_float  # noqa: F401 -- named here too, for callers
+from powerfusion.backends.cstyle.renderer import nan_propagating
 from powerfusion.backends.source import KernelSource, RenderError
 from powerfusion.names import sanitize
 from powerfusion.gir.ir import GIRGraph, GOp, Level, Scope, Sync
@@ -81,7 +82,7 @@ class MLURenderer:
                 f"({self.ctype[out_dtype]})({operands[0]})"
         tmpl = re.sub(r"\{(\w+)\}f", r"{\1}", _SCALAR_C.get(fn, f.c))
         kw = {p: c_float(float(params[p])) for p in f.params}
-        return tmpl.format(*operands, **kw)
+        return nan_propagating(tmpl.format(*operands, **kw))   # max/min/clip keep NaN (ONNX)
 
 
 def kernel_parts(graph: GIRGraph) -> list[tuple[GOp, ...]]:
