@@ -4,11 +4,12 @@ values within float32 tolerances -- or both must refuse the input. Three profile
 
 * the CPU session (its GIR on the fast executor, or the basic-op fallback);
 * the plan compiled for CUDA, its rewritten GIR run on the reference interpreter;
-* the same plan's CUDA sources compiled by nvcc (skipped without nvcc).
+* the same plan's CUDA sources compiled by nvcc for sm_90 (skipped without nvcc), and in the
+  slow run the HIP plan's sources by hipcc for gfx90a (skipped without hipcc).
 
 The default run checks a few hundred graphs from fixed seeds; the slow run
 (`PF_FUZZ_SLOW=1 pytest -m slow tests/reliability`) checks `PF_FUZZ_EXAMPLES` (5000) per
-profile with fresh seeds (nvcc: a tenth of that).
+profile with fresh seeds (the compile profiles in batches: batch_compile.py).
 """
 from __future__ import annotations
 
@@ -206,14 +207,87 @@ def test_random_graphs_match_onnxruntime_long(profile, case):
     check_against_onnxruntime(*case, run=_session if profile == "session" else _interpreted)
 
 
+def emitted_kernels(model, target: str) -> list:
+    """The kernels `compile_model` emits for `target` (none where it refuses with a clear error:
+    the other profiles check that it should)."""
+    from powerfusion.compiler import compile_model
+    from tests.reliability.batch_compile import Kernel
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            plan = compile_model(model, target)
+        except PowerFusionError:
+            return []
+    text = onnx.printer.to_text(model.graph)
+    return [Kernel(k.name, k.source, text) for step in plan.kernel_steps for k in step.kernels]
+
+
+def compile_fuzzed(target: str, compiler) -> None:
+    """SLOW_EXAMPLES random graphs compiled for `target`, every kernel through `compiler` in
+    batches (batch_compile.py: one compiler run per ~200 distinct kernels, two at a time). The
+    compiler runs after hypothesis has drawn every example, so a failure is reported with the
+    model that emitted the kernel rather than shrunk."""
+    import json
+    import time
+    from tests.reliability.batch_compile import compile_all
+    kernels, examples = [], []
+
+    @settings(max_examples=SLOW_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(graphs(max_steps=8))
+    def collect(case):
+        found = emitted_kernels(case[0], target)
+        examples.append(bool(found))
+        kernels.extend(found)
+
+    start = time.perf_counter()
+    collect()
+    generated = time.perf_counter() - start
+    failures, counts = compile_all(kernels, compiler)
+    stats = {"examples": len(examples), "with_kernels": sum(examples), **counts,
+             "generate_s": round(generated, 1), "compile_s": round(time.perf_counter() - start - generated, 1),
+             "failures": len(failures)}
+    if os.environ.get("PF_FUZZ_STATS"):
+        with open(os.environ["PF_FUZZ_STATS"], "w") as f:
+            json.dump(stats, f)
+    assert len(examples) >= SLOW_EXAMPLES, stats
+    assert not failures, "\n\n".join(f"{compiler.name} {compiler.arch} rejected a kernel of\n{f.kernels[0].origin}\n"
+                                      f"{f.message}" for f in failures[:3])
+
+
 @NVCC
 @LONG[0]
 @LONG[1]
-@settings(max_examples=max(SLOW_EXAMPLES // 10, 1), deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
-@given(graphs(max_steps=8))
-def test_random_graphs_compile_with_nvcc_long(case):
-    check_nvcc_compiles(*case)
+def test_random_graphs_compile_with_nvcc_long():
+    from tests.reliability.batch_compile import NVCC_SM90
+    compile_fuzzed("cuda", NVCC_SM90)
+
+
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc")
+@LONG[0]
+@LONG[1]
+def test_random_graphs_compile_with_hipcc_long():
+    from tests.reliability.batch_compile import HIPCC_GFX90A
+    compile_fuzzed("hip", HIPCC_GFX90A)
+
+
+@NVCC
+def test_batched_compile_names_the_failing_kernel():
+    """A batch holding one kernel nvcc rejects reports that kernel alone (with nvcc's message),
+    and a batch that only fails together (two definitions of one helper) is reported, not
+    passed: the batching can neither hide a finding nor invent a pass."""
+    from tests.reliability.batch_compile import NVCC_SM90, Kernel, compile_all
+    good = [Kernel(f"k{n}", f'extern "C" __global__ void k{n}(float* p) {{ p[0] = {n}.0f; }}', f"good {n}")
+            for n in range(5)]
+    bad = Kernel("kb", 'extern "C" __global__ void kb(float* p) { p[0] = undeclared_name; }', "bad")
+    failures, counts = compile_all(good[:3] + [bad] + good[3:] + good[:2], NVCC_SM90, per_unit=4)
+    assert counts == {"kernels": 8, "distinct": 6, "units": 2}
+    assert [f.kernels for f in failures] == [(bad,)] and "undeclared_name" in failures[0].message
+    helper = "__device__ float pf_twice(float x) { return 2 * x; }\n"
+    clash = [Kernel(f"c{n}", helper + f'extern "C" __global__ void c{n}(float* p) {{ p[0] = pf_twice({n}); }}',
+                    f"clash {n}") for n in range(2)]
+    failures, _ = compile_all(clash, NVCC_SM90)
+    assert len(failures) == 1 and len(failures[0].kernels) == 2
+    assert failures[0].message.startswith("fails only when compiled together")
 
 
 def test_order_tolerance_follows_the_summed_magnitudes(monkeypatch):

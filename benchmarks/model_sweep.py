@@ -1,0 +1,264 @@
+"""Sweep: torchvision's classification models and a few transformers models, exported with
+random weights, each run on a CPU `InferenceSession` (default target) and compared with
+onnxruntime. The question it answers: does every exported model the frontend accepts run on
+the CPU session without a crash, and agree?
+
+    python benchmarks/model_sweep.py export --out DIR [--only NAME ...] [--all]   # needs torch,
+        torchvision, transformers (the `bench` extra); writes DIR/NAME.onnx + DIR/NAME.npz
+    python benchmarks/model_sweep.py check --models DIR [--timeout-s 600]         # the project's
+        environment; writes benchmarks/results/model-sweep.{json,md}
+
+Export is split from the check so the check runs where PowerFusion is installed and the export
+where torch is. Export as `models/export_zoo.py` does: the TorchScript exporter at opset 17, the
+dynamo exporter where it fails, nothing folded or cleaned up. Each model's check runs in its own
+process with a time limit, so a crash, a memory blow-up or a hang is recorded against that
+model and the sweep goes on.
+
+Verdict per model: `pass` (ran; max |ours - ort| / max |ort| < REL_TOL per output, float64
+arithmetic on float32 outputs), `refused` (the frontend or session raised a PowerFusionError
+naming what it does not support -- "accepts" in the question above excludes these), `mismatch`,
+`crash` (any other exception, a killed process or the time limit).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+# max |ours - onnxruntime| / max |onnxruntime| per output, float32 models of 10-200 layers
+# with random weights: summation order differs (fused reductions, im2col GEMMs), 1e-3 leaves
+# room for that and catches any wrong op (those give O(1)).
+REL_TOL = 1e-3
+# One representative per torchvision family, plus the variants whose graphs differ (squeezenet
+# 1.0 / 1.1 pooling, mobilenet v3 small / large, efficientnet v1 / v2, regnet x / y, vgg with and
+# without BatchNorm, swin v1 / v2). `--all` takes every classification model torchvision lists.
+TORCHVISION = ("alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s", "googlenet",
+               "inception_v3", "maxvit_t", "mnasnet0_5", "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_small",
+               "mobilenet_v3_large", "regnet_x_400mf", "regnet_y_400mf", "resnet18", "resnet50", "resnext50_32x4d",
+               "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "squeezenet1_0", "squeezenet1_1", "swin_t", "swin_v2_t",
+               "vgg11", "vgg11_bn", "vit_b_16", "wide_resnet50_2")
+TRANSFORMERS = ("bert", "gpt2", "distilbert", "llama", "vit_hf")
+IMAGE = (1, 3, 224, 224)
+SEQ = 64
+
+
+# ---- export (torch environment) -------------------------------------------------------------
+
+def _torchvision(name: str):
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+    model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
+    return model, (torch.randn(*IMAGE, generator=torch.Generator().manual_seed(1)),), ["image"]
+
+
+class _FirstOutput:
+    """Wraps a transformers model so forward returns one plain tensor (the last hidden state)."""
+
+    @staticmethod
+    def wrap(model, kw: str):
+        import torch
+
+        class FirstOutput(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return self.model(**{kw: x}, return_dict=False)[0]
+        return FirstOutput().eval()
+
+
+def _transformers(name: str):
+    """Small configurations (2 layers, hidden 128) of each architecture, random weights."""
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    small = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512)
+    if name == "vit_hf":
+        model = tf.ViTModel(tf.ViTConfig(image_size=64, patch_size=16, **small), add_pooling_layer=False)
+        x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+        return _FirstOutput.wrap(model.eval(), "pixel_values"), (x,), ["pixel_values"]
+    if name == "bert":
+        model, vocab = tf.BertModel(tf.BertConfig(**small)), 30522
+    elif name == "gpt2":
+        model, vocab = tf.GPT2Model(tf.GPT2Config(n_layer=2, n_embd=128, n_head=2, use_cache=False)), 50257
+    elif name == "distilbert":
+        model, vocab = tf.DistilBertModel(tf.DistilBertConfig(n_layers=2, dim=128, n_heads=2, hidden_dim=512)), 30522
+    elif name == "llama":
+        config = tf.LlamaConfig(num_key_value_heads=1, vocab_size=1000, use_cache=False, **small)
+        model, vocab = tf.LlamaModel(config), 1000
+    else:
+        raise ValueError(f"unknown transformers model {name!r}")
+    ids = torch.randint(0, vocab, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    return _FirstOutput.wrap(model.eval(), "input_ids"), (ids,), ["input_ids"]
+
+
+def export_all(out: Path, names: list[str]) -> None:
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from models.export_zoo import export
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = out / f"{name}.onnx"
+        start = time.perf_counter()
+        try:
+            model, args, inputs = (_transformers if name in TRANSFORMERS else _torchvision)(name)
+            with torch.no_grad():
+                how = "cached" if path.exists() else export(model, args, inputs, path)
+            np.savez(out / f"{name}.npz", **{n: a.numpy() for n, a in zip(inputs, args)})
+        except Exception as e:   # recorded; the check reports the model as not exported
+            how = f"failed: {' '.join(str(e).split())[:300]}"
+            path.unlink(missing_ok=True)
+        (out / f"{name}.export.json").write_text(json.dumps({"exporter": how}))
+        print(f"{name}: {how} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+
+# ---- check (PowerFusion environment) --------------------------------------------------------
+
+def check_one(model: Path) -> dict:
+    """Runs in a child process: onnxruntime, then a CPU InferenceSession, then the comparison."""
+    import onnxruntime as ort
+    from powerfusion import InferenceSession
+    from powerfusion.errors import PowerFusionError
+    feeds = dict(np.load(model.with_suffix(".npz")))
+    row = {"model": model.stem}
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)
+    stage = "build"
+    try:
+        start = time.perf_counter()
+        ours = InferenceSession(str(model))
+        row["build_s"] = round(time.perf_counter() - start, 2)
+        stage = "run"
+        start = time.perf_counter()
+        got = ours.run(None, feeds)
+        row["run_s"] = round(time.perf_counter() - start, 2)
+    except PowerFusionError as e:
+        return {**row, "verdict": "refused", "stage": stage, "detail": f"{type(e).__name__}: {_line(e)}"}
+    errors = [_relative_error(g, w) for g, w in zip(got, want)]
+    row["rel_error"] = max(errors) if errors else 0.0
+    bad = len(got) != len(want) or not all(e < REL_TOL for e in errors)
+    return {**row, "verdict": "mismatch" if bad else "pass", "stage": "compare" if bad else "", "detail": ""}
+
+
+def _relative_error(got, want) -> float:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.size == 0:
+        return 0.0
+    scale = float(np.max(np.abs(want.astype(np.float64)))) or 1.0
+    return float(np.max(np.abs(got.astype(np.float64) - want))) / scale
+
+
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def check_all(models: Path, timeout_s: float) -> list[dict]:
+    rows = []
+    for meta in sorted(models.glob("*.export.json")):
+        name = meta.name[: -len(".export.json")]
+        exporter = json.loads(meta.read_text())["exporter"]
+        if exporter.startswith("failed"):
+            rows.append({"model": name, "exporter": exporter, "verdict": "not exported", "stage": "export",
+                         "detail": exporter[len("failed: "):]})
+            continue
+        rows.append({**_check_in_child(models / f"{name}.onnx", timeout_s), "exporter": exporter})
+        r = rows[-1]
+        print(f"{name}: {r['verdict']} {r.get('stage', '')} {r.get('detail', '')} ({r['seconds']} s)", flush=True)
+    return rows
+
+
+def _check_in_child(model: Path, timeout_s: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "check-one", str(model)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        return {"model": model.stem, "verdict": "crash", "stage": "timeout", "detail": f"over {timeout_s:.0f} s",
+                "seconds": round(time.perf_counter() - start, 1)}
+    seconds = round(time.perf_counter() - start, 1)
+    last = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
+    if last and last[0].startswith("{"):
+        return {**json.loads(last[0]), "seconds": seconds}
+    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
+    return {"model": model.stem, "verdict": "crash", "stage": "process", "detail": tail[0][:300], "seconds": seconds}
+
+
+def _commit() -> str:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return head.stdout.strip() or "unknown"
+
+
+def write(rows: list[dict], seconds: float) -> None:
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": _commit(), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores (shared)",
+            "rel_tol": REL_TOL, "total_s": round(seconds, 1), "models": rows}
+    (RESULTS / "model-sweep.json").write_text(json.dumps(meta, indent=2) + "\n")
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("pass", "refused", "mismatch", "crash", "not exported")}
+    lines = ["# Exported-model sweep on the CPU session", "",
+             f"{meta['machine']}, {meta['date']}, commit {meta['commit']}; `benchmarks/model_sweep.py`. "
+             f"torchvision classification models and small transformers models (random weights, "
+             f"exported by torch), `InferenceSession(model)` (default cpu target) against onnxruntime "
+             f"(CPU). pass: max |ours - ort| / max |ort| < {REL_TOL:g} per output. seconds: the whole "
+             f"check of one model (onnxruntime, build, run) in its own process. Total {meta['total_s']} s.", "",
+             "  ".join(f"{k}: {v}" for k, v in counts.items()), "",
+             "| model | exporter | verdict | rel. error | build s | run s | seconds | detail |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        err = f"{r['rel_error']:.1e}" if "rel_error" in r else ""
+        detail = (r.get("stage", "") + ": " + r.get("detail", "")).strip(": ").replace("|", "/")
+        lines.append(f"| {r['model']} | {r.get('exporter', '')} | {r['verdict']} | {err} | {r.get('build_s', '')} | "
+                     f"{r.get('run_s', '')} | {r.get('seconds', '')} | {detail[:200]} |")
+    (RESULTS / "model-sweep.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--only", nargs="*")
+    e.add_argument("--all", action="store_true", help="every torchvision classification model")
+    c = sub.add_parser("check")
+    c.add_argument("--models", type=Path, required=True)
+    c.add_argument("--timeout-s", type=float, default=600)
+    one = sub.add_parser("check-one")
+    one.add_argument("model", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "export":
+        if args.only:
+            names = args.only
+        elif args.all:
+            import torchvision
+            names = torchvision.models.list_models(module=torchvision.models) + list(TRANSFORMERS)
+        else:
+            names = list(TORCHVISION) + list(TRANSFORMERS)
+        export_all(args.out, names)
+        return 0
+    if args.cmd == "check-one":
+        print(json.dumps(check_one(args.model)))
+        return 0
+    start = time.perf_counter()
+    rows = check_all(args.models, args.timeout_s)
+    write(rows, time.perf_counter() - start)
+    print((RESULTS / "model-sweep.md").read_text())
+    return 0 if all(r["verdict"] in ("pass", "refused") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
