@@ -8,7 +8,8 @@ the CPU session without a crash, and agree?
     python benchmarks/model_sweep.py check --models DIR [--timeout-s 600]         # the project's
         environment; writes benchmarks/results/model-sweep.{json,md}
 
-Export is split from the check so the check runs where PowerFusion is installed and the export
+torchvision weights: constant parameters perturbed, BatchNorm statistics calibrated on random
+batches (models/weights.py), so outputs vary. Export is split from the check so the check runs where PowerFusion is installed and the export
 where torch is. Export as `models/export_zoo.py` does: the TorchScript exporter at opset 17, the
 dynamo exporter where it fails, nothing folded or cleaned up. Each model's check runs in its own
 process with a time limit, so a crash, a memory blow-up or a hang is recorded against that
@@ -55,29 +56,33 @@ SEQ = 64
 # ---- export (torch environment) -------------------------------------------------------------
 
 def _torchvision(name: str):
+    """Random weights as benchmarks/zoo_models.py sets them: constant parameters (zero biases,
+    ViT's zero head) perturbed and BatchNorm statistics from random batches, so the output is
+    neither zero nor constant and a relative error means something."""
     import torch
     import torchvision
+    from models.weights import calibrate_batchnorm, perturb_uniform_parameters
     torch.manual_seed(0)
     kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
-    model = getattr(torchvision.models, name)(weights=None, **kwargs).eval()
-    return model, (torch.randn(*IMAGE, generator=torch.Generator().manual_seed(1)),), ["image"]
+    model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    perturb_uniform_parameters(model)
+    calibrate_batchnorm(model, torch.randn(4, *IMAGE[1:]))
+    return model.eval(), (torch.randn(*IMAGE, generator=torch.Generator().manual_seed(1)),), ["image"]
 
 
-class _FirstOutput:
-    """Wraps a transformers model so forward returns one plain tensor (the last hidden state)."""
+def _first_output(model, kw: str):
+    """`model` wrapped so forward(x) returns one plain tensor (the last hidden state): exporters
+    want plain tensor outputs."""
+    import torch
 
-    @staticmethod
-    def wrap(model, kw: str):
-        import torch
+    class FirstOutput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
 
-        class FirstOutput(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
-
-            def forward(self, x):
-                return self.model(**{kw: x}, return_dict=False)[0]
-        return FirstOutput().eval()
+        def forward(self, x):
+            return self.model(**{kw: x}, return_dict=False)[0]
+    return FirstOutput().eval()
 
 
 def _transformers(name: str):
@@ -89,7 +94,7 @@ def _transformers(name: str):
     if name == "vit_hf":
         model = tf.ViTModel(tf.ViTConfig(image_size=64, patch_size=16, **small), add_pooling_layer=False)
         x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-        return _FirstOutput.wrap(model.eval(), "pixel_values"), (x,), ["pixel_values"]
+        return _first_output(model.eval(), "pixel_values"), (x,), ["pixel_values"]
     if name == "bert":
         model, vocab = tf.BertModel(tf.BertConfig(**small)), 30522
     elif name == "gpt2":
@@ -102,7 +107,7 @@ def _transformers(name: str):
     else:
         raise ValueError(f"unknown transformers model {name!r}")
     ids = torch.randint(0, vocab, (1, SEQ), generator=torch.Generator().manual_seed(1))
-    return _FirstOutput.wrap(model.eval(), "input_ids"), (ids,), ["input_ids"]
+    return _first_output(model.eval(), "input_ids"), (ids,), ["input_ids"]
 
 
 def export_all(out: Path, names: list[str]) -> None:
@@ -115,8 +120,12 @@ def export_all(out: Path, names: list[str]) -> None:
         start = time.perf_counter()
         try:
             model, args, inputs = (_transformers if name in TRANSFORMERS else _torchvision)(name)
-            with torch.no_grad():
-                how = "cached" if path.exists() else export(model, args, inputs, path)
+            meta = out / f"{name}.export.json"
+            if path.exists() and meta.exists():   # exported before: keep what exported it
+                how = json.loads(meta.read_text())["exporter"]
+            else:
+                with torch.no_grad():
+                    how = export(model, args, inputs, path)
             np.savez(out / f"{name}.npz", **{n: a.numpy() for n, a in zip(inputs, args)})
         except Exception as e:   # recorded; the check reports the model as not exported
             how = f"failed: {' '.join(str(e).split())[:300]}"
@@ -149,6 +158,7 @@ def check_one(model: Path) -> dict:
         return {**row, "verdict": "refused", "stage": stage, "detail": f"{type(e).__name__}: {_line(e)}"}
     errors = [_relative_error(g, w) for g, w in zip(got, want)]
     row["rel_error"] = max(errors) if errors else 0.0
+    row["output_std"] = float(np.std(np.asarray(want[0], np.float64))) if want and want[0].size else 0.0
     bad = len(got) != len(want) or not all(e < REL_TOL for e in errors)
     return {**row, "verdict": "mismatch" if bad else "pass", "stage": "compare" if bad else "", "detail": ""}
 
@@ -204,25 +214,27 @@ def _commit() -> str:
     return head.stdout.strip() or "unknown"
 
 
-def write(rows: list[dict], seconds: float) -> None:
+def write(rows: list[dict], seconds: float, cache: str) -> None:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": _commit(), "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores (shared)",
-            "rel_tol": REL_TOL, "total_s": round(seconds, 1), "models": rows}
+            "rel_tol": REL_TOL, "total_s": round(seconds, 1), "plan_cache_at_start": cache, "models": rows}
     (RESULTS / "model-sweep.json").write_text(json.dumps(meta, indent=2) + "\n")
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("pass", "refused", "mismatch", "crash", "not exported")}
     lines = ["# Exported-model sweep on the CPU session", "",
              f"{meta['machine']}, {meta['date']}, commit {meta['commit']}; `benchmarks/model_sweep.py`. "
              f"torchvision classification models and small transformers models (random weights, "
              f"exported by torch), `InferenceSession(model)` (default cpu target) against onnxruntime "
-             f"(CPU). pass: max |ours - ort| / max |ort| < {REL_TOL:g} per output. seconds: the whole "
-             f"check of one model (onnxruntime, build, run) in its own process. Total {meta['total_s']} s.", "",
+             f"(CPU). pass: max |ours - ort| / max |ort| < {REL_TOL:g} per output; output std: of onnxruntime's "
+             f"first output (a constant output would make the comparison empty). seconds: the whole "
+             f"check of one model (onnxruntime, build, run) in its own process; the plan cache was {cache} at the start. Total {meta['total_s']} s.", "",
              "  ".join(f"{k}: {v}" for k, v in counts.items()), "",
-             "| model | exporter | verdict | rel. error | build s | run s | seconds | detail |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+             "| model | exporter | verdict | rel. error | output std | build s | run s | seconds | detail |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         err = f"{r['rel_error']:.1e}" if "rel_error" in r else ""
         detail = (r.get("stage", "") + ": " + r.get("detail", "")).strip(": ").replace("|", "/")
-        lines.append(f"| {r['model']} | {r.get('exporter', '')} | {r['verdict']} | {err} | {r.get('build_s', '')} | "
+        std = f"{r['output_std']:.2g}" if "output_std" in r else ""
+        lines.append(f"| {r['model']} | {r.get('exporter', '')} | {r['verdict']} | {err} | {std} | {r.get('build_s', '')} | "
                      f"{r.get('run_s', '')} | {r.get('seconds', '')} | {detail[:200]} |")
     (RESULTS / "model-sweep.md").write_text("\n".join(lines) + "\n")
 
@@ -253,9 +265,12 @@ def main(argv=None) -> int:
     if args.cmd == "check-one":
         print(json.dumps(check_one(args.model)))
         return 0
+    from powerfusion import options
+    cache = options.current().cache_dir
+    cold = not cache.exists() or not any(cache.iterdir())
     start = time.perf_counter()
     rows = check_all(args.models, args.timeout_s)
-    write(rows, time.perf_counter() - start)
+    write(rows, time.perf_counter() - start, "empty" if cold else "holding earlier plans")
     print((RESULTS / "model-sweep.md").read_text())
     return 0 if all(r["verdict"] in ("pass", "refused") for r in rows) else 1
 
