@@ -40,14 +40,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 # with random weights: summation order differs (fused reductions, im2col GEMMs), 1e-3 leaves
 # room for that and catches any wrong op (those give O(1)).
 REL_TOL = 1e-3
-# One representative per torchvision family, plus the variants whose graphs differ (squeezenet
-# 1.0 / 1.1 pooling, mobilenet v3 small / large, efficientnet v1 / v2, regnet x / y, vgg with and
-# without BatchNorm, swin v1 / v2). `--all` takes every classification model torchvision lists.
-TORCHVISION = ("alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s", "googlenet",
-               "inception_v3", "maxvit_t", "mnasnet0_5", "mnasnet1_0", "mobilenet_v2", "mobilenet_v3_small",
-               "mobilenet_v3_large", "regnet_x_400mf", "regnet_y_400mf", "resnet18", "resnet50", "resnext50_32x4d",
-               "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "squeezenet1_0", "squeezenet1_1", "swin_t", "swin_v2_t",
-               "vgg11", "vgg11_bn", "vit_b_16", "wide_resnet50_2")
+# One representative per torchvision family, the variants whose graphs differ (squeezenet 1.0 /
+# 1.1 pooling, mobilenet v3 small / large, efficientnet v1 / v2, regnet x / y, vgg with and
+# without BatchNorm, swin v1 / v2), and the family's other sizes up to ~90M parameters (the rest
+# add depth or width, and minutes of export and build on a shared 2-core machine). `--all` takes
+# every classification model torchvision lists.
+TORCHVISION = ("alexnet", "convnext_tiny", "convnext_small", "densenet121", "densenet169", "efficientnet_b0",
+               "efficientnet_b1", "efficientnet_b2", "efficientnet_b3", "efficientnet_v2_s", "googlenet",
+               "inception_v3", "maxvit_t", "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3", "mobilenet_v2",
+               "mobilenet_v3_small", "mobilenet_v3_large", "regnet_x_400mf", "regnet_x_800mf", "regnet_x_1_6gf",
+               "regnet_y_400mf", "regnet_y_800mf", "regnet_y_1_6gf", "resnet18", "resnet34", "resnet50",
+               "resnet101", "resnext50_32x4d", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5",
+               "shufflenet_v2_x2_0", "squeezenet1_0", "squeezenet1_1", "swin_t", "swin_s", "swin_v2_t", "vgg11",
+               "vgg11_bn", "vgg13_bn", "vit_b_16", "vit_b_32", "wide_resnet50_2")
 TRANSFORMERS = ("bert", "gpt2", "distilbert", "llama", "vit_hf")
 IMAGE = (1, 3, 224, 224)
 SEQ = 64
