@@ -53,3 +53,29 @@ def test_dead_nodes_dropped():
     nodes = [helper.make_node("Exp", ["x"], ["unused"]), helper.make_node("Relu", ["x"], ["y"])]
     graph = import_model(make_model(None, {"x": X}, nodes=nodes))
     assert [n.origin.op_type for n in graph.nodes] == ["Relu"]
+
+
+def test_shape_chains_deeper_than_a_fixed_round_cap_fold_completely():
+    """Each Reshape's target comes from Shape of the previous Reshape's output, whose shape is
+    known only after the round before folded it: one round per link (swin_s, 24 blocks, needs
+    more than 16). Every Shape folds away and the session matches numpy."""
+    import powerfusion
+    from onnx import TensorProto as T, helper as h
+    from powerfusion.frontend.fold import fold_constants
+    from powerfusion.frontend.loader import infer_shapes
+    links = 24
+    nodes, prev = [], "x"
+    for k in range(links):
+        nodes += [h.make_node("Shape", [prev], [f"s{k}"]), h.make_node("Relu", [prev], [f"r{k}"]),
+                  h.make_node("Cast", [f"s{k}"], [f"f{k}"], to=T.FLOAT), h.make_node("Floor", [f"f{k}"], [f"g{k}"]),
+                  h.make_node("Cast", [f"g{k}"], [f"t{k}"], to=T.INT64),   # beyond ONNX's data propagation
+                  h.make_node("Reshape", [f"r{k}", f"t{k}"], [f"y{k}"])]
+        prev = f"y{k}"
+    g = h.make_graph(nodes, "chain", [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                     [h.make_tensor_value_info(prev, T.FLOAT, None)])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    folded = fold_constants(infer_shapes(model))
+    assert not [n for n in folded.graph.node if n.op_type == "Shape"]
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    (got,) = powerfusion.InferenceSession(model).run(None, {"x": x})
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
