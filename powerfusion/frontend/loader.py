@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import shape_inference
 
-from powerfusion.errors import ModelError
+from powerfusion.errors import ModelError, PowerFusionError
 from powerfusion.frontend.converters import raise_unsupported
 from powerfusion.frontend.inference_errors import describe_failure
 from powerfusion.frontend.memory_check import check_external_tensor, check_initializer_data, check_memory
@@ -51,7 +51,13 @@ def load_model(model, shapes: dict[str, tuple[int, ...]] | None = None, *,
         skeleton = upgraded
     _fix_input_shapes(proto, shapes or {}, where, weights)
     _fix_input_shapes(skeleton, shapes or {}, where, weights)
-    _annotate(proto, _infer(skeleton, where))
+    try:
+        inferred = _infer(skeleton, where)
+    except PowerFusionError:
+        if not _match_norm_params(proto, skeleton, where):
+            raise
+        inferred = _infer(skeleton, where)
+    _annotate(proto, inferred)
     check_memory(proto, where)   # before folding or converting allocates anything
     check_initializer_data(proto, where)
     return proto
@@ -80,6 +86,43 @@ def _infer(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
 # initializers (weights, never shape data), which stand in as typed graph inputs;
 # inferred types are then written back into the full model.
 LARGE_INITIALIZER_BYTES = 1 << 16
+
+
+NORMS = {"LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4)}   # params of X's type
+
+
+def _match_norm_params(proto: onnx.ModelProto, skeleton: onnx.ModelProto, where: str) -> bool:
+    """torch's exporter writes some float16 models with a float32 residual stream into
+    LayerNormalization (X float32, Scale and B float16: BERT-base in torch 2.11), which ONNX's
+    one type T forbids (onnxruntime refuses the model too). Constant parameters of another float
+    type than X are
+    converted to X's type (float16 -> float32 is exact), with a warning, in `proto` and
+    `skeleton`; True if any was. Called only after strict inference failed."""
+    import warnings
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in shape_inference.infer_shapes(skeleton).graph.value_info}
+    types.update({vi.name: vi.type.tensor_type.elem_type for vi in skeleton.graph.input})
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    inits = {t.name: t for t in skeleton.graph.initializer}
+    changed: dict[str, int] = {}
+    for node in skeleton.graph.node:
+        x_type = types.get(node.input[0]) if node.op_type in NORMS and node.input else None
+        if x_type not in floats:
+            continue
+        for i in NORMS[node.op_type]:
+            name = node.input[i] if i < len(node.input) else ""
+            t = inits.get(name)
+            if t is not None and t.data_type in floats and t.data_type != x_type:
+                changed[name] = x_type
+    for g in (proto.graph, skeleton.graph):
+        for k, t in enumerate(g.initializer):
+            if t.name in changed:
+                value = onnx.numpy_helper.to_array(t).astype(onnx.helper.tensor_dtype_to_np_dtype(changed[t.name]))
+                g.initializer[k].CopyFrom(onnx.numpy_helper.from_array(value, t.name))
+    if changed:
+        warnings.warn(f"{where}: {len(changed)} normalization parameter(s) converted to their input's type "
+                      f"(e.g. '{next(iter(changed))}'): ONNX requires one type, the exporter wrote two", stacklevel=3)
+    return bool(changed)
 
 
 def _skeleton(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
