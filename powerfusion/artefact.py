@@ -58,8 +58,10 @@ class Artefact:
         return make_artefact_executor(self, options)
 
 
-def write_manifest(folder: str | os.PathLike, model_path: str, target: str) -> Path:
-    """artefact.json for a folder `compile` has just written (after plan.json and sources)."""
+def write_manifest(folder: str | os.PathLike, model_path: str, target: str, known: dict | None = None) -> Path:
+    """artefact.json for a folder `compile` has just written (after plan.json and sources).
+    `known`: digests of output files the compile cache has just verified (a restored or up-to-date
+    folder), so a warm compile does not read the model's constants again."""
     import onnx
     from powerfusion.compile_cache import code_version, file_digest
     folder = Path(folder)
@@ -69,7 +71,7 @@ def write_manifest(folder: str | os.PathLike, model_path: str, target: str) -> P
            "model": {"path": os.path.abspath(model_path), "sha256": file_digest(model_path)},
            "inputs": [i.name for i in header.graph.input if i.name not in initializers],
            "outputs": [o.name for o in header.graph.output],
-           "files": {name: file_digest(folder / name) for name in _plan_files(folder)}}
+           "files": {name: (known or {}).get(name) or file_digest(folder / name) for name in _plan_files(folder)}}
     path = folder / MANIFEST
     text = json.dumps(doc, indent=1)
     if not path.is_file() or path.read_text() != text:   # an up-to-date folder is left alone

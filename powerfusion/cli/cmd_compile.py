@@ -47,7 +47,7 @@ def main(args) -> int:
         key, hash_s = compile_cache.compile_key(model, key_target, shapes, entry.extension)
         hit = compile_cache.lookup(key, args.output)
         if hit is not None:
-            _write_manifest(args)
+            _write_manifest(args, hit.digests)
             _print_summary(args, hit.summary)
             progress(f"cached compile {key[:12]}: output folder "
                      + ("up to date" if not hit.copied else f"restored ({hit.copied} file(s))"))
@@ -86,10 +86,10 @@ def main(args) -> int:
     return 0
 
 
-def _write_manifest(args) -> None:
+def _write_manifest(args, known: dict | None = None) -> None:
     """artefact.json: what `InferenceSession(DIR)` / `powerfusion run DIR` check before loading."""
     from powerfusion.artefact import write_manifest
-    write_manifest(args.output, args.model, args.target)
+    write_manifest(args.output, args.model, args.target, known)
 
 
 def check_output_folder(path: str) -> None:
