@@ -159,6 +159,31 @@ def summary(rows) -> dict:
     return out
 
 
+def error_row(case, impl: str, e: Exception, limit: int = 400) -> dict:
+    return {"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": impl,
+            "error": f"{type(e).__name__}: {str(e)[:limit]}"}
+
+
+def run_cases(cases, run, deadline: float) -> list[dict]:
+    """`run(case)` -> rows for each case, printed as they come; a case that raises gives one error
+    row, and cases left when perf_counter() passes `deadline` are rows saying so."""
+    rows = []
+    for case in cases:
+        if time.perf_counter() > deadline:
+            rows.append({"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",
+                         "error": "not run: benchmark time budget spent"})
+            continue
+        try:
+            new = run(case)
+        except Exception as e:
+            traceback.print_exc()
+            new = [error_row(case, "powerfusion", e)]
+        for r in new:
+            print(_line(r), flush=True)
+        rows += new
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", nargs="+", default=["norms", "subgraphs"])
@@ -175,21 +200,7 @@ def main(argv=None) -> int:
         cases = [c for c in cases if args.only in c.name]
     if args.dtypes:
         cases = [c for c in cases if c.dtype in args.dtypes]
-    rows = []
-    for case in cases:
-        if time.perf_counter() - start > args.budget_s:
-            rows.append({"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",
-                         "error": "not run: benchmark time budget spent"})
-            continue
-        try:
-            new = run_case(case, copy_bw, l2, args.plans)
-        except Exception as e:
-            traceback.print_exc()
-            new = [{"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",
-                    "error": f"{type(e).__name__}: {str(e)[:400]}"}]
-        for r in new:
-            print(_line(r), flush=True)
-        rows += new
+    rows = run_cases(cases, lambda case: run_case(case, copy_bw, l2, args.plans), start + args.budget_s)
     meta = run_metadata(copy_bandwidth_GBps=round(copy_bw / 1e9, 1), l2_bytes=l2, summary=summary(rows),
                         notes=["bytes = compulsory: inputs read once + outputs written once (+ parameters)",
                                "device time: CUDA-graph replay (torch.cuda.CUDAGraph) over rotated input sets "

@@ -16,12 +16,11 @@ import argparse
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gir_cases  # noqa: E402
-from bench_gir import TOL, Ours, _line, make_inputs, run_case, summary  # noqa: E402
+from bench_gir import TOL, Ours, error_row, make_inputs, run_case, run_cases, summary  # noqa: E402
 from harness import copy_bandwidth, input_sets_needed, l2_bytes, run_metadata, time_torch, write_results  # noqa: E402
 
 
@@ -97,28 +96,16 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     copy_bw, l2 = copy_bandwidth(), l2_bytes()
     cases = [c for c in gir_cases.cases_for(["dwconv"]) if not args.only or args.only in c.name]
-    rows = []
-    for case in cases:
-        if time.perf_counter() - start > args.budget_s:
-            rows.append({"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",
-                         "error": "not run: benchmark time budget spent"})
-            continue
-        try:
-            new = run_case(case, copy_bw, l2)
-            want = case.torch_fn(*make_inputs(case, 0))
-            for label in ([] if args.no_forced else conv_labels(case)):
-                try:
-                    new.append(forced_row(case, label, copy_bw, l2, want))
-                except Exception as e:
-                    new.append({"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": f"pf:{label}",
-                                "error": f"{type(e).__name__}: {str(e)[:300]}"})
-        except Exception as e:
-            traceback.print_exc()
-            new = [{"suite": case.suite, "case": case.name, "dtype": case.dtype, "impl": "powerfusion",
-                    "error": f"{type(e).__name__}: {str(e)[:400]}"}]
-        for r in new:
-            print(_line(r), flush=True)
-        rows += new
+    def rows_of(case) -> list[dict]:
+        rows = run_case(case, copy_bw, l2)
+        want = case.torch_fn(*make_inputs(case, 0))
+        for label in ([] if args.no_forced else conv_labels(case)):
+            try:
+                rows.append(forced_row(case, label, copy_bw, l2, want))
+            except Exception as e:
+                rows.append(error_row(case, f"pf:{label}", e, 300))
+        return rows
+    rows = run_cases(cases, rows_of, start + args.budget_s)
     meta = run_metadata(copy_bandwidth_GBps=round(copy_bw / 1e9, 1), l2_bytes=l2, summary=summary(rows),
                         notes=["bytes = compulsory: input read once + output written once",
                                "device time: CUDA-graph replay over rotated input sets exceeding 2x L2",

@@ -75,13 +75,15 @@ class _Rewriter:
     def __init__(self, graph: BasicGraph):
         self.g = graph
         self.serial = 0
+        self.taken = {n.name for n in graph.nodes} | set(graph.tensors)   # node and tensor names
 
     # ---- names and nodes ---------------------------------------------------------------
     def _name(self, base: str) -> str:
         while True:
             self.serial += 1
             name = f"{base}_cl{self.serial}"
-            if name not in self.g.tensors and all(n.name != name for n in self.g.nodes):
+            if name not in self.taken and name not in self.g.tensors:
+                self.taken.add(name)
                 return name
 
     def _tensor(self, base: str, shape, dtype) -> str:
