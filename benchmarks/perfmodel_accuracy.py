@@ -6,6 +6,7 @@ Two steps, because lowering and rewriting every plan is CPU work and GPU time is
 
     python3 benchmarks/perfmodel_accuracy.py prepare out/perfmodel_plans.pkl   # any machine
     python3 benchmarks/perfmodel_accuracy.py run out/perfmodel_plans.pkl $OUT [calibration.json]  # on the GPU
+    python3 benchmarks/perfmodel_accuracy.py prepare-model model.onnx out/plans.pkl [LIMIT]  # a model's subgraphs
 
 `prepare` builds the benchmark subgraphs (LayerNorm / RMSNorm / softmax at several N,
 elementwise chains, transposes, ShuffleNet's channel shuffle, GPT-2-style decode
@@ -188,6 +189,54 @@ def prepare(path: str, cases=None, limit: int = 8) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(pickle.dumps(done))
         print(f"{case}: {len(plans)} plans, {kept} kept, {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def prepare_model(model: str, path: str, limit: int = 24) -> None:
+    """Every distinct memory-bound subgraph of a real model (by structural key), each plan of it
+    lowered, rewritten and checked as in `prepare`: the plan space of the kernels a model
+    actually runs (small rows, fp16), which the synthetic cases above do not cover."""
+    from powerfusion.pipeline import plancache
+    from powerfusion.pipeline.driver import CompileOptions, front
+    from powerfusion.targets.specs import get_target
+    t = get_target("h100")
+    part = front(model, "cuda", CompileOptions())
+    seen, stem = set(), Path(model).stem
+    for sub in part.subgraphs:
+        key = plancache.structural_key(sub, part.graph, t)
+        if key in seen:
+            continue
+        seen.add(key)
+        _prepare_one(f"{stem}:{sub.name}", sub, part.graph, t, path, limit)
+
+
+def _prepare_one(case: str, sub, graph, t, path: str, limit: int) -> None:
+    from powerfusion.templates.merge import enumerate_plans, lower_subgraph
+    from powerfusion.pipeline.search import feasibility
+    from powerfusion.rewrite import optimise
+    out = Path(path)
+    done = pickle.loads(out.read_bytes()) if out.exists() else []
+    t0, kept = time.perf_counter(), 0
+    plans = [None] + enumerate_plans(sub, graph, t, limit=limit)
+    seen = set()
+    for plan in plans:
+        try:
+            merged = lower_subgraph(sub, graph, plan, t)
+            labels = tuple(lbl for _, lbl in merged.templates) if plan is None else tuple(c.label for c in plan.values())
+            if labels in seen:
+                continue
+            seen.add(labels)
+            g, _ = optimise(merged)
+        except Exception as e:  # a plan the lowering or the rules reject: not a candidate
+            print(f"  {case}: plan rejected ({type(e).__name__}: {str(e)[:100]})", flush=True)
+            continue
+        if feasibility(g, t):
+            continue
+        done.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes),
+                     "default": plan is None})
+        kept += 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(pickle.dumps(done))
+    print(f"{case}: {len(plans)} plans, {kept} kept, {time.perf_counter() - t0:.1f}s", flush=True)
 
 
 # ---- run: calibrate, predict, time, compare -----------------------------------------------------
@@ -394,6 +443,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "prepare":
         prepare(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else None)
+    elif cmd == "prepare-model":
+        prepare_model(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 24)
     elif cmd == "run":
         cal = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else None
         print(json.dumps(run(sys.argv[2], sys.argv[3], cal), indent=1, default=str))

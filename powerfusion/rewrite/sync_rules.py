@@ -185,6 +185,57 @@ def _promote(g: GIRGraph, at: int, name: str, check_barrier: bool = True) -> Rew
 
 
 @matches("sync")
+def forward_output(g: GIRGraph, at: int) -> Rewrite | None:
+    """move(r -> x) ; sync ; move(x -> .) => move(r -> x), move(r -> t) ; sync(t) ; move(t -> .),
+    t promoted: an output of the graph that the graph itself reads back after a sync (a residual
+    sum that is both the block's output and its LayerNorm's input) is read from where its writer
+    had it, while the store to the output stays. Fires only when t is promoted to a level below
+    the sync's scope (else it would add a buffer and change nothing); x keeps its one writer."""
+    sync = g.ops[at]
+    if not is_sync(sync):
+        return None
+    outputs = set(g.outputs) - set(g.inputs) - {n for n, _ in g.constants}
+    for name in _sync_buffers(sync):
+        if name not in outputs or loaded_anywhere(g, name):
+            continue
+        ws, rs = writers(g, name), readers(g, name)
+        if len(ws) != 1 or not rs or ws[0] >= at or any(r < at for r in rs):
+            continue
+        if not is_move(g.ops[ws[0]]) or not all(is_move(g.ops[r]) for r in rs):
+            continue
+        h, t_name = _forwarded(g, name, ws[0], rs)
+        rw = _promote(h, at + 1, t_name)   # the extra store sits before the sync
+        if rw is None:
+            continue
+        old = {op.uid for op in g.ops}
+        changed = tuple(u for u in dict.fromkeys((g.ops[ws[0]].uid, sync.uid, *(g.ops[r].uid for r in rs),
+                                                   *rw.changed)) if u in old)
+        return Rewrite(rw.ops, rw.buffers, changed)
+    return None
+
+
+def _forwarded(g: GIRGraph, name: str, w: int, rs: list[int]) -> tuple[GIRGraph, str]:
+    """g with a second store of x's writer into a new global buffer t, which the readers (and
+    the syncs naming x after the writer) use instead of x."""
+    old = g.buffer(name)
+    t = Buffer(fresh_name(g, f"{name}_fwd"), Level.GLOBAL, old.size, old.dtype)
+    uid = next_uid(g)
+    wop = g.ops[w]
+    store = replace(wop, outputs=(replace(wop.outputs[0], buffer=t.name),), uid=uid)
+    ops = []
+    for k, op in enumerate(g.ops):
+        if k in rs:
+            op = replace(op, inputs=tuple(replace(s, buffer=t.name) if s.buffer == name else s for s in op.inputs))
+        elif is_sync(op) and k > w and name in _sync_buffers(op):
+            op = replace(op, inputs=tuple(replace(s, buffer=t.name) if s.buffer == name else s for s in op.inputs),
+                         outputs=tuple(replace(s, buffer=t.name) if s.buffer == name else s for s in op.outputs))
+        ops.append(op)
+        if k == w:
+            ops.append(store)
+    return replace(g, ops=tuple(ops), buffers=g.buffers + (t,)), t.name
+
+
+@matches("sync")
 def drop_unread_sync(g: GIRGraph, at: int) -> Rewrite | None:
     """sync(x) => nothing, when nothing after it reads x (or nothing before writes it)."""
     sync = g.ops[at]
@@ -209,4 +260,5 @@ def drop_unread_sync(g: GIRGraph, at: int) -> Rewrite | None:
 SYNC_RULES = {
     "move ; sync(s0) ; move => move ; sync(s) ; move": promote_sync,
     "sync(unread) => nothing": drop_unread_sync,
+    "move(r -> out) ; sync ; move(out -> .) => move(r -> out), move(r -> t) ; sync ; move(t -> .)": forward_output,
 }

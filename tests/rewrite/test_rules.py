@@ -12,7 +12,7 @@ from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.merge_rules import (cancel_moves, compose_moves, drop_dead_op, drop_identity_move,
                                              merge_parallel_moves)
 from powerfusion.rewrite.swap_rules import swap_ew_move, swap_ew_reduce, swap_ew_through_memory
-from powerfusion.rewrite.sync_rules import drop_unread_sync, promote_sync
+from powerfusion.rewrite.sync_rules import drop_unread_sync, forward_output, promote_sync
 from tests.rewrite.util import gbuf, glob, graph, reg, check_rule
 
 C = 4
@@ -44,7 +44,7 @@ def sync(scope, ins, outs):
 
 
 def test_every_rule_has_a_test_here():
-    tested = {promote_sync, drop_unread_sync, cancel_moves, compose_moves, compose_split, drop_identity_move,
+    tested = {promote_sync, drop_unread_sync, forward_output, cancel_moves, compose_moves, compose_split, drop_identity_move,
               merge_parallel_moves, drop_dead_op, swap_ew_move, swap_ew_through_memory, swap_ew_reduce}
     assert set(SYNC_RULES.values()) | set(MERGE_RULES.values()) | set(SWAP_RULES.values()) == tested
 
@@ -97,6 +97,23 @@ def test_promote_does_not_fire_across_groups_or_on_outputs():
     check_rule(promote_sync, _store_sync_load(across), 2, None)
     g = _store_sync_load(row("T"))
     check_rule(promote_sync, graph(g.ops, g.buffers, ["X"], ["Z", "T"]), 2, None)
+
+
+def test_forward_output_reads_the_writers_registers_and_keeps_the_store():
+    g = _store_sync_load(row("T"))
+    before = graph(g.ops, g.buffers, ["X"], ["Z", "T"])        # T is an output and read back
+    t = reg("T_fwd_lane", 1, C)
+    expected = graph([mv(row("X"), reg("x", 1, C)), mv(reg("x", 1, C), row("T")), mv(reg("x", 1, C), t),
+                      mv(t, reg("y", 1, C)), mv(reg("y", 1, C), row("Z"))],
+                     [gbuf("X", N), gbuf("T", N), gbuf("Z", N), rbuf("x"), rbuf("y"), rbuf("T_fwd_lane")],
+                     ["X"], ["Z", "T"])
+    check_rule(forward_output, before, 2, expected)
+
+
+def test_forward_output_does_not_fire_on_intermediates_or_across_groups():
+    check_rule(forward_output, _store_sync_load(row("T")), 2, None)     # promote_sync's case
+    g = _store_sync_load(row("T", ((U + 2) % 4) * C + J))             # a unit of the other group
+    check_rule(forward_output, graph(g.ops, g.buffers, ["X"], ["Z", "T"]), 2, None)
 
 
 def test_drop_unread_sync():
