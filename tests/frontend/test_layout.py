@@ -163,3 +163,22 @@ def test_pooling_window_runs_channels_last(target):
     from powerfusion.session import InferenceSession
     got = InferenceSession(graph, target=target).run(None, {"x": x})[0]
     assert _rel(got, want) < 2e-3
+
+
+def test_patch_embedding_conv_stays_nchw():
+    """Kernel == stride without padding (ViT's and ConvNeXt's stems): left to the NCHW routes,
+    where the CUDA session times cuDNN against im2col + cuBLAS."""
+    rng = np.random.default_rng(0)
+    w = nh.from_array((rng.standard_normal((6, 3, 4, 4)) * 0.2).astype(np.float16), "w")
+    w3 = nh.from_array((rng.standard_normal((6, 6, 3, 3)) * 0.2).astype(np.float16), "w3")
+    nodes = [h.make_node("Conv", ["x", "w"], ["p"], strides=[4, 4]),
+             h.make_node("Conv", ["p", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    g = h.make_graph(nodes, "stem", [h.make_tensor_value_info("x", T.FLOAT16, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT16, [1, 6, 4, 4])], [w, w3])
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["y"]
+    assert to_channels_last(graph) == 1           # the 3x3 conv only
+    convs = [n for n in graph.nodes if isinstance(n.op, Conv)]
+    assert [n.op.channels_last for n in convs] == [False, True]
+    assert _rel(run_basic_graph(graph, {"x": x})["y"], want) < 2e-3

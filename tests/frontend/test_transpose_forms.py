@@ -34,3 +34,35 @@ def test_bad_perm_names_the_node():
     with pytest.raises(PowerFusionError) as e:   # onnx shape inference or the converter
         import_model(_model((2, 3), (0, 0)))
     assert "tr" in str(e.value) and "Transpose" in str(e.value)
+
+
+def _attention_scores(scale_both: bool):
+    """q [2, 5, 8] . (k [2, 5, 8] -> Transpose(0, 2, 1) -> Reshape [1, 2, 8, 5] -> * s) as the
+    exporters write attention's k^T with half the scale on each side."""
+    from onnx import numpy_helper as nh
+    inits = [nh.from_array(np.array(0.35, np.float32), "s"), nh.from_array(np.array([1, 2, 8, 5], np.int64), "kshape"),
+             nh.from_array(np.array([1, 2, 5, 8], np.int64), "qshape")]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["kt", "kshape"], ["kt4"]),
+             helper.make_node("Mul", ["kt4", "s"], ["kts"]),
+             helper.make_node("Reshape", ["q", "qshape"], ["q4"]),
+             helper.make_node("Mul", ["q4", "s"], ["qs"]) if scale_both else helper.make_node("Identity", ["q4"], ["qs"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["y"])]
+    g = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("q", TensorProto.FLOAT, [2, 5, 8]),
+                                            helper.make_tensor_value_info("k", TensorProto.FLOAT, [2, 5, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 5, 5])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+@pytest.mark.parametrize("scale_both", [True, False])
+def test_scaled_k_transpose_is_read_through_the_matmul_flag(scale_both):
+    from powerfusion.frontend import run_basic_graph
+    graph = import_model(_attention_scores(scale_both))
+    assert B.Transpose not in {type(n.op) for n in graph.nodes}
+    (mm,) = [n for n in graph.nodes if isinstance(n.op, B.MatMul)]
+    assert mm.op.trans_b
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 2, 5, 8)).astype(np.float32)
+    want = ((q * (0.35 if scale_both else 1.0)) @ (k.transpose(0, 2, 1) * np.float32(0.35))).reshape(1, 2, 5, 5)
+    got = run_basic_graph(graph, {"q": q, "k": k})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # float32, same products, one reordering
