@@ -8,6 +8,13 @@ import time
 
 
 def _sources():
+    if "--prefill" in sys.argv:   # only the prefill kernel's tests and benchmark
+        from tests.ttile.gpu_cases import prefill_matmuls
+        from benchmarks.ttile import bench_prefill
+        seen = {}
+        for mm in list(prefill_matmuls()) + list(bench_prefill.all_matmuls("--quick" in sys.argv)):
+            seen[mm.name + str(hash(mm.source))] = (mm.source, mm.name)
+        return list(seen.values())
     from tests.ttile.gpu_cases import gpu_matmuls, path_matmuls, tiling_matmuls, unaligned_matmuls
     from tests.ttile.onnx_models import session_matmuls
     from benchmarks.ttile import bench

@@ -44,6 +44,7 @@ class KernelSpec:
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
     stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2, or 3: swept by the benchmark)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
+    tile: object = None      # tc kernel: prefill.TileConfig of its M bucket (M is then a kernel argument)
 
     @property
     def bits(self) -> int:
@@ -149,12 +150,17 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         ks = 512 if bits == 1 else 256
         mma = dict(ks=ks, mt16=max(1, min(-(-spec.M // 16), 4 if ks == 256 else 2)), K_pad=spec.K_pad,
                    N_pad=spec.N_pad, mma_t="f16" if spec.A_dtype == "fp16" else "bf16")
+    if kind == "tc":
+        mma = dict(tc=spec.tile, mma_t="f16" if spec.A_dtype == "fp16" else "bf16")
     if kind == "dequant":   # M-independent: one kernel serves every large M
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""
-    name = (f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
-            f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
-            + (f"p{spec.stages}" if spec.stages != 2 else ""))
+    name = f"ttile_{kind}_{spec.W_dtype}_{spec.A_dtype}_{spec.out_dtype}{zname}_g{spec.group_size}"
+    if kind == "tc":        # M is a kernel argument: one kernel per M bucket's tile
+        name += f"_n{spec.N}_k{spec.K}_{spec.tile.tag}" + ("_b" if spec.with_bias else "")
+    else:
+        name += (f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
+                 + (f"p{spec.stages}" if spec.stages != 2 else ""))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from powerfusion.targets.specs import TargetSpec, get_target
 
+from .prefill import BK, MIN_M, supports
 from .ttype import get_ttype
 
 
@@ -113,7 +114,7 @@ class Schedule:
     k_pad: int
     layout: str                 # natural | pair | dp4a: word layout chosen at pack time
     convert_at: str             # register (fused kernel) | global (dequantise pass + library GEMM)
-    kernel: str                 # gemv (CUDA cores) | mma (fused, tensor cores) | dequant (+ cuBLAS)
+    kernel: str                 # gemv (CUDA cores) | tc (prefill, tensor cores, GEMV words) | mma | dequant (+ cuBLAS)
     transforms: tuple[Transform, ...]
     predicted_s: dict
 
@@ -145,7 +146,7 @@ def word_layout(W_dtype: str, unit: ComputeUnit) -> str:
 
 def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, group: int | None,
                         arch: str = "sm_90", target: TargetSpec | str = "h200",
-                        kernel: str | None = None) -> Schedule:
+                        kernel: str | None = None, zeros_mode: str | None = None) -> Schedule:
     """Algorithm 1 for one typed-GEMM tTile-operator. The convert placement is decided by
     a small model (the profiling step's stand-in): fuse the conversion into a CUDA-core
     kernel (weights cross HBM once, in low precision) or convert at the global level and
@@ -171,7 +172,12 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
     # ldmatrix and barriers share the warps); only where a 32-bit word stays in one group
     mma_ok = A_dtype != "int8" and w.kind != "block" and M >= 16 and (g or K) >= 4 * (32 // w.bits)
     fused_mma = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.15)) if mma_ok else math.inf
-    costs = {"gemv": fused, "mma": fused_mma, "dequant": math.inf if A_dtype == "int8" else two_pass}
+    # the prefill kernel (prefill.py) reads the GEMV's words: a cp.async ring keeps HBM busy and
+    # 64 x 32 warp tiles reuse fragments, so it is modelled at a larger fraction of peak
+    zmode = zeros_mode or ("sym" if w.kind == "int" else "none")
+    tc_ok = M >= MIN_M and supports(A_dtype, W_dtype, zmode, g or k_pad, K, k_pad) is None
+    fused_tc = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.5)) if tc_ok else math.inf
+    costs = {"gemv": fused, "tc": fused_tc, "mma": fused_mma, "dequant": math.inf if A_dtype == "int8" else two_pass}
     if kernel is None:
         kernel = min(costs, key=costs.get)
     elif costs.get(kernel, math.inf) == math.inf:
@@ -191,6 +197,9 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
         tr.append(Transform("global", "map", f"{layout} interleave inside 32-bit words (pack time)"))
     if kernel == "mma":
         tr.append(Transform("global", "map", "8-row tiles: each lane's 16 bytes hold its mma B fragments"))
+    if kernel == "tc":
+        tr.append(Transform("shared", "slice", f"cp.async ring of {BK}-element K stages (activations, packed rows)"))
     tr.append(Transform(convert_at, "convert", f"{W_dtype} -> {unit.operand} ({unit.name})"))
     return Schedule(unit, hint, k_tile, k_pad, layout, convert_at, kernel, tuple(tr),
-                    {"fused_cuda_core_s": fused, "fused_mma_s": fused_mma, "dequant_then_library_s": two_pass})
+                    {"fused_cuda_core_s": fused, "fused_tc_s": fused_tc, "fused_mma_s": fused_mma,
+                     "dequant_then_library_s": two_pass})

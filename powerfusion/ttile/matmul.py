@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codegen
+from . import codegen, prefill
 from .quant import (QuantizedWeight, dequantize, normalize_group, pack_mma, pack_words, quantize,
                     unpack_mma, unpack_words)
 from .device import schedule_typed_gemm
@@ -43,7 +43,7 @@ class Matmul:
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
                  arch: str = "sm_90", target: str = "h200", kernel: str | None = None,
-                 warps: int | None = None, stages: int | None = None):
+                 warps: int | None = None, stages: int | None = None, tile=None):
         from powerfusion.ttile.dtype_names import canonical   # BitBLAS spellings: "float16", "bfloat16", ...
         A_dtype, W_dtype = canonical(A_dtype), canonical(W_dtype)
         accum_dtype, out_dtype = canonical(accum_dtype), canonical(out_dtype)
@@ -68,7 +68,7 @@ class Matmul:
             raise ValueError("int8-activation kernels take symmetric signed weights (zeros_mode=None)")
         self.wtype = tt
         G = normalize_group(None if (a8 and out_dtype == "int32") else group_size, K, tt)
-        self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel)
+        self.schedule = schedule_typed_gemm(M, N, K, A_dtype, W_dtype, G, arch, target, kernel, zeros_mode)
         K_pad = self.schedule.k_pad
         G = K_pad if G >= K else G
         if warps not in (None, 2, 4, 8, 16):
@@ -90,6 +90,10 @@ class Matmul:
         self.fused = self.kind != "dequant"
         if self.kind == "mma":
             self.spec = dataclasses.replace(self.spec, N_pad=-(-N // 8) * 8)
+        if self.kind == "tc":   # the M bucket's tile unless one is given (the benchmark sweeps them)
+            self.spec = dataclasses.replace(self.spec, tile=tile or prefill.tile_for(M))
+        elif tile is not None:
+            raise ValueError(f"tile= applies to the tensor-core prefill kernel, not {self.kind!r}")
         self.name, self.source = codegen.render(self.spec, self.kind)
         self._fn = None
         self._scratch = {}   # device buffers reused across calls (one stream at a time)
@@ -178,6 +182,8 @@ class Matmul:
     # ---- device side ----
     def launch_config(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         s = self.spec
+        if self.kind == "tc":
+            return self._tc_launch(self.M)[:2]
         if self.kind == "mma":
             mt16 = max(1, min(-(-s.M // 16), 2 if s.bits == 1 else 4))
             return (-(-s.N_pad // (8 * s.warps)), -(-s.M // (16 * mt16)), 1), (32 * s.warps, 1, 1)
@@ -187,11 +193,23 @@ class Matmul:
         words = s.K_pad * s.bits // 32
         return (-(-(s.N * words) // 256), 1, 1), (256, 1, 1)
 
+    def _tc_launch(self, M: int, splits: int | None = None):
+        """(grid, block, splits) of the prefill kernel for M activation rows."""
+        t = self.spec.tile
+        if splits is None:
+            splits = prefill.choose_splits(M, self.N, self.spec.K_pad, t, _sm_count(), self.spec.dq == "lut")
+        return (-(-M // t.bm), -(-self.N // t.bn), splits), (t.threads, 1, 1), splits
+
     def _kernel(self):
         if self._fn is None:
             from .runtime import compile_kernel
             self._fn = compile_kernel(self.source, self.name)
+            if self.kind == "tc":   # above 48 KiB of dynamic shared memory needs the opt-in
+                self._fn.max_dynamic_shared_size_bytes = self._tc_smem()
         return self._fn
+
+    def _tc_smem(self) -> int:
+        return self.spec.tile.smem_bytes(self.spec.dq == "lut")
 
     def to_device(self, packed: PackedWeight):
         import cupy as cp
@@ -207,13 +225,18 @@ class Matmul:
         words, scale, zeros, bias = dev
         s = self.spec
         adt = {"fp16": cp.float16, "bf16": cp.uint16, "int8": cp.int8}[s.A_dtype]
-        if A.shape != (self.M, self.K) or A.dtype != adt:
+        # the prefill kernel takes M at run time: any row count of its bucket's kernel
+        rows_ok = A.ndim == 2 and (A.shape[0] >= 1 if self.kind == "tc" else A.shape[0] == self.M)
+        if not rows_ok or A.shape[-1] != self.K or A.dtype != adt:
             raise ValueError(f"A has shape {A.shape} and dtype {A.dtype}, expected {(self.M, self.K)} {np.dtype(adt)}")
+        M = A.shape[0]
         # bf16 travels as raw uint16 bits (CuPy has no bfloat16 dtype)
         odt = {"fp16": cp.float16, "fp32": cp.float32, "int32": cp.int32, "bf16": cp.uint16}[s.out_dtype]
-        if out is not None and (out.shape != (self.M, self.N) or out.dtype != odt):
-            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, expected {(self.M, self.N)} {np.dtype(odt)}")
+        if out is not None and (out.shape != (M, self.N) or out.dtype != odt):
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, expected {(M, self.N)} {np.dtype(odt)}")
         null = self._buffer("null", (1,), cp.uint8)
+        if self.kind == "tc":
+            return self._call_tc(A, dev, out if out is not None else cp.empty((M, self.N), odt), null)
         grid, block = self.launch_config()
         if self.fused:
             out = out if out is not None else cp.empty((self.M, self.N), odt)
@@ -233,12 +256,32 @@ class Matmul:
         out[...] = res
         return out
 
+    def _call_tc(self, A, dev, out, null, splits: int | None = None):
+        import cupy as cp
+        words, scale, zeros, bias = dev
+        M = A.shape[0]
+        if A.data.ptr % 16 or not A.flags.c_contiguous:
+            raise ValueError("the prefill kernel copies activations in 16-byte pieces: A must be C-contiguous "
+                             "and 16-byte aligned")
+        grid, block, splits = self._tc_launch(M, splits)
+        part = self._buffer(("partial", splits * M), (splits * M * self.N,), cp.float32) if splits > 1 else null
+        counters = self._buffer(("counters", grid[0] * grid[1]), (grid[0] * grid[1],), cp.int32) if splits > 1 else null
+        self._kernel()(grid, block, (A, words, _or(scale, null), _or(zeros, null), _or(bias, null), out, part,
+                                     counters, np.int32(M)),
+                       shared_mem=self._tc_smem(), stream=cp.cuda.get_current_stream())
+        return out
+
     def _buffer(self, key, shape, dtype):
         import cupy as cp
         buf = self._scratch.get(key)
         if buf is None:
             buf = self._scratch[key] = cp.zeros(shape, dtype)
         return buf
+
+
+def _sm_count() -> int:
+    import cupy as cp
+    return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Shared by the GPU tests and the device precompile step: the matmuls the GPU tests run."""
 from __future__ import annotations
 
+from powerfusion.ttile import prefill
 from powerfusion.ttile.codegen import combinations
 from powerfusion.ttile.matmul import Matmul
 from powerfusion.ttile.ttype import get_ttype
@@ -59,3 +60,26 @@ def unaligned_matmuls(combo=None):
     for a, w, zm, out in ([combo] if combo else UNALIGNED_COMBOS):
         for M, K, g in UNALIGNED_SHAPES:
             yield Matmul(M, 40, K, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
+
+
+# the tensor-core prefill kernel: (A, W, zeros, out, group); N, K not multiples of the tiles
+PREFILL_COMBOS = [("fp16", "int4", None, "fp16", 128), ("bf16", "int4", None, "bf16", 128),
+                  ("fp16", "nf4", None, "fp16", 128), ("fp16", "uint4", "quantized", "fp16", 128),
+                  ("fp16", "fp4_e2m1", None, "fp32", None), ("bf16", "int4", None, "fp32", 256)]
+PREFILL_MS = (16, 17, 48, 64, 100, 256)
+
+
+PREFILL_TILES = prefill.CANDIDATE_TILES
+
+
+def prefill_matmuls(combo=None):
+    for a, w, zm, out, g in ([combo] if combo else PREFILL_COMBOS):
+        for M in PREFILL_MS:
+            yield Matmul(M, 200, 1000, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
+    if combo is None:
+        from powerfusion.ttile.dispatch import DynamicMatmul
+        dm = DynamicMatmul(200, 1000, "fp16", "int4", group_size=128, with_bias=True)
+        yield from (dm.matmul_for(M) for M in (1, 3, 16, 40, 64, 256))
+        yield from (Matmul(40, 136, 17 * 128, "fp16", "int4", group_size=128, with_bias=True),)
+        for tile in PREFILL_TILES:
+            yield from (Matmul(M, 264, 1024 + 256, "fp16", "int4", group_size=128, tile=tile) for M in (16, 130))

@@ -1,0 +1,89 @@
+"""ttile-prefill.json -> ttile-prefill.md: per M the geomean speedup over cuBLAS fp16 of each type's
+default, W4A16 per shape (default, best candidate tile, the paths that ran before), the targets.
+
+    python benchmarks/ttile/summarize_prefill.py OUT/ttile-prefill.json   (writes OUT/ttile-prefill.md)
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+TARGETS = {16: 1.5, 256: 1.0}   # 4-bit weights, geomean over the shapes
+
+
+def _geo(v):
+    return math.prod(v) ** (1 / len(v)) if v else float("nan")
+
+
+def _key(r):
+    return f"{r['A']} x {r['W']}" + (f"/{r['zeros']}" if r.get("zeros") else "")
+
+
+def render(data) -> str:
+    meta, rows = data["meta"], [r for r in data["rows"] if "time_us" in r]
+    shapes = sorted({(r["N"], r["K"]) for r in rows})
+    ms = sorted({r["M"] for r in rows})
+    lines = [f"# Typed GEMM at prefill sizes ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
+             f"Timing: {meta['method']}; copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s "
+             f"({meta['copy_bandwidth_by']}). Speedup: cuBLAS fp16 time / ours, same run. Group 128. "
+             "Default: the scheduler's kernel (M = 1: CUDA-core GEMV; 16 <= M: the tensor-core prefill kernel "
+             "with its M bucket's tile). Before: the per-tile mma kernel or dequantise + cuBLAS, "
+             "whichever is faster per shape (what the scheduler chose from before the prefill kernel).", ""]
+    if meta.get("incomplete"):
+        lines += [f"**Incomplete run:** {meta['incomplete']}.", ""]
+    geo = defaultdict(lambda: defaultdict(list))
+    cell = {}
+    for r in rows:
+        cell[(r["M"], r["N"], r["K"], _key(r), r["config"])] = r
+        if r["config"] == "default" and r["kernel"] != "cublas_fp16":
+            geo[_key(r)][r["M"]].append(r["speedup"])
+    lines += ["## Geomean speedup over cuBLAS fp16 (default)", "",
+              "| A x W | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+    for k in sorted(geo):
+        lines.append(f"| {k} | " + " | ".join(f"{_geo(geo[k][m]):.2f}x" if geo[k][m] else "-" for m in ms) + " |")
+    for name in ("fp16 x int4", "fp16 x nf4"):
+        before = defaultdict(list)
+        for m in ms:
+            for n, k in shapes:
+                b = [cell[c] for c in ((m, n, k, name, "before: mma"), (m, n, k, name, "before: dequant")) if c in cell]
+                if b:
+                    before[m].append(max(x["speedup"] for x in b))
+        if before:
+            lines += ["", f"{name} before the prefill kernel (best of mma / dequant + cuBLAS): " + ", ".join(
+                f"M={m} {_geo(v):.2f}x" for m, v in sorted(before.items())) + "."]
+    lines += ["", "Targets (4-bit weights): " + ", ".join(
+        f"M = {m} >= {t}x: " + ", ".join(f"{k} {_geo(geo[k][m]):.2f}x ({'met' if _geo(geo[k][m]) >= t else 'not met'})"
+                                       for k in sorted(geo) if geo[k][m]) for m, t in TARGETS.items()) + ".", ""]
+    lines += ["## fp16 x int4 per shape: us / speedup (default tile, best candidate tile, before)", "",
+              "| M | N x K | cuBLAS fp16 | default | best tile | before |", "|---|---|---|---|---|---|"]
+    for m in ms:
+        for n, k in shapes:
+            cub = cell.get((m, n, k, "fp16 x fp16", "cublas_fp16"))
+            d = cell.get((m, n, k, "fp16 x int4", "default"))
+            if not cub or not d:
+                continue
+            tiles = [r for (mm, nn, kk, key, c), r in cell.items()
+                     if (mm, nn, kk, key) == (m, n, k, "fp16 x int4") and (c.startswith("tile") or c == "default")]
+            best = min(tiles, key=lambda r: r["time_us"])
+            bef = [cell[c] for c in ((m, n, k, "fp16 x int4", "before: mma"), (m, n, k, "fp16 x int4", "before: dequant"))
+                   if c in cell]
+            bf = min(bef, key=lambda r: r["time_us"]) if bef else None
+            lines.append(f"| {m} | {n}x{k} | {cub['time_us']:.1f} | {d['time_us']:.1f} / {d['speedup']:.2f}x "
+                         f"({d.get('tile') or d['kernel']}, {d.get('splits') or 1} splits) | "
+                         f"{best['time_us']:.1f} / {best['speedup']:.2f}x ({best.get('tile') or best['kernel']}) | "
+                         + (f"{bf['time_us']:.1f} / {bf['speedup']:.2f}x ({bf['kernel']})" if bf else "-") + " |")
+    errs = [r for r in data["rows"] if "error" in r]
+    if errs:
+        lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {_key(r)} {r['config']}: {r['error']}"
+                                          for r in errs[:20]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    src = Path(sys.argv[1])
+    text = render(json.loads(src.read_text()))
+    src.with_suffix(".md").write_text(text)
+    print(text)
