@@ -1,4 +1,4 @@
-"""Prefill-size benchmark of the tensor-core typed GEMM: M in {1, 16, 64, 256} on the LLaMA-7B /
+"""Prefill-size benchmark of the tensor-core typed GEMM: M in {1, 16, 64, 128, 256} on the LLaMA-7B /
 70B shapes of bench.py, against cuBLAS fp16 in the same run, weights rotated out of L2 (bench.py's
 timing). Per M and shape: the scheduler's default (M = 1: the GEMV; 16 <= M: the prefill kernel of
 M's bucket) for W4A16, bf16 x int4, NF4 and uint4 with zero points (group 128); for W4A16 also the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.ttile import bench
 
-MS = (1, 16, 64, 256)
+MS = (1, 16, 64, 128, 256)
 COMBOS = [("fp16", "int4", None), ("bf16", "int4", None), ("fp16", "nf4", None), ("fp16", "uint4", "quantized")]
 SWEPT = {("fp16", "int4")}
 BEFORE = {("fp16", "int4"), ("fp16", "nf4")}
@@ -26,8 +26,11 @@ BEFORE = {("fp16", "int4"), ("fp16", "nf4")}
 def configs(M, A, W, zm):
     """(label, Matmul keywords) to time for one (M, type)."""
     from powerfusion.ttile import prefill
+    from powerfusion.ttile.matmul import Matmul
     base = dict(group_size=128, zeros_mode=zm, out_dtype=A)
     out = [("default", base)]
+    if M >= prefill.MIN_M and Matmul(M, 4096, 4096, A, W, **base).kind != "tc":   # the prefill kernel anyway
+        out.append(("tc", dict(base, kernel="tc")))
     if M >= prefill.MIN_M and (A, W) in SWEPT:
         out += [(f"tile {t.tag}", dict(base, kernel="tc", tile=t)) for t in prefill.CANDIDATE_TILES
                 if t != prefill.tile_for(M) and (t.bm == 16 if M == 16 else 32 <= t.bm <= M)]

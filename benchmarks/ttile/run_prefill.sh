@@ -8,7 +8,7 @@ export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/prefill_device.txt" 2>&1
 timeout ${PRECOMPILE_S:-100} python3 -m benchmarks.ttile.precompile --prefill ${QUICK:+--quick} 2>&1 | tail -6 \
   | tee "$OUT/prefill_precompile.txt"
-timeout ${TEST_S:-60} python3 -m pytest -q -x -m gpu tests/ttile/test_prefill_gpu.py -p no:cacheprovider \
+timeout ${TEST_S:-60} python3 -m pytest -q --maxfail=60 -m gpu tests/ttile/test_prefill_gpu.py -p no:cacheprovider \
   > "$OUT/prefill_gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -15 "$OUT/prefill_gpu_tests.txt"
 timeout $(( ${BENCH_S:-140} + 30 )) python3 -m benchmarks.ttile.bench_prefill "$OUT" ${QUICK:+--quick} \

@@ -151,7 +151,10 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         mma = dict(ks=ks, mt16=max(1, min(-(-spec.M // 16), 4 if ks == 256 else 2)), K_pad=spec.K_pad,
                    N_pad=spec.N_pad, mma_t="f16" if spec.A_dtype == "fp16" else "bf16")
     if kind == "tc":
-        mma = dict(tc=spec.tile, mma_t="f16" if spec.A_dtype == "fp16" else "bf16")
+        from .prefill import occupancy
+        half = spec.A_dtype == "fp16"
+        mma = dict(tc=spec.tile, mma_t="f16" if half else "bf16", magic_f="1024.0f" if half else "128.0f",
+                   one2="0x3c003c00" if half else "0x3f803f80", tc_minb=occupancy(spec.tile, spec.dq == "lut", spec.zmode == "quantized"))
     if kind == "dequant":   # M-independent: one kernel serves every large M
         spec = dataclasses.replace(spec, M=0, R=1, MT=1, ksplit=1, with_bias=False, out_dtype=spec.A_dtype)
     zname = f"_z{spec.zeros_mode}" if spec.zeros_mode else ""

@@ -144,6 +144,9 @@ def word_layout(W_dtype: str, unit: ComputeUnit) -> str:
     return "dp4a" if unit.operand == "int8" else "pair"
 
 
+TC_PEAK_FRACTION = 0.22
+
+
 def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, group: int | None,
                         arch: str = "sm_90", target: TargetSpec | str = "h200",
                         kernel: str | None = None, zeros_mode: str | None = None) -> Schedule:
@@ -172,11 +175,11 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
     # ldmatrix and barriers share the warps); only where a 32-bit word stays in one group
     mma_ok = A_dtype != "int8" and w.kind != "block" and M >= 16 and (g or K) >= 4 * (32 // w.bits)
     fused_mma = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.15)) if mma_ok else math.inf
-    # the prefill kernel (prefill.py) reads the GEMV's words: a cp.async ring keeps HBM busy and
-    # 64 x 32 warp tiles reuse fragments, so it is modelled at a larger fraction of peak
+    # the prefill kernel (prefill.py, mma.sync, GEMV words): the fraction of tensor peak it reached
+    # on H200 at M = 256 (benchmarks/results/ttile-prefill.md)
     zmode = zeros_mode or ("sym" if w.kind == "int" else "none")
     tc_ok = M >= MIN_M and supports(A_dtype, W_dtype, zmode, g or k_pad, K, k_pad) is None
-    fused_tc = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.5)) if tc_ok else math.inf
+    fused_tc = max(N * k_pad * w.bits / 8 / bw, flops / (tc * TC_PEAK_FRACTION)) if tc_ok else math.inf
     costs = {"gemv": fused, "tc": fused_tc, "mma": fused_mma, "dequant": math.inf if A_dtype == "int8" else two_pass}
     if kernel is None:
         kernel = min(costs, key=costs.get)

@@ -1,9 +1,9 @@
 """`DynamicMatmul`: one packed weight, every M, the kernel picked by the activation rows at run
 time (BitBLAS's dynamic-M dispatch): M < 16 the CUDA-core GEMV (compiled for that M), 16 <= M
-the tensor-core prefill kernel of M's bucket (`prefill.M_BUCKETS`), which takes M as an argument.
-Both read the GEMV's packed words, so decode and prefill share the weight bytes. Where the prefill
-kernel does not apply (`prefill.supports`), 16 <= M goes to the dequantise + cuBLAS path, which
-reads the same words."""
+the scheduler's choice for M's bucket (`prefill.M_BUCKETS`) among the kernels that read the GEMV's
+packed words: the tensor-core prefill kernel (one per bucket, M a kernel argument) or, where the
+scheduler predicts it slower or it does not apply (`prefill.supports`), dequantise + cuBLAS.
+Decode and prefill share the weight bytes."""
 from __future__ import annotations
 
 from . import prefill
@@ -18,10 +18,17 @@ class DynamicMatmul:
         self._kw = dict(A_dtype=A_dtype, W_dtype=W_dtype, out_dtype=out_dtype, group_size=group_size,
                         zeros_mode=zeros_mode, with_bias=with_bias, arch=arch, target=target)
         self.decode = Matmul(1, N, K, kernel="gemv", **self._kw)
-        s = self.decode.spec
-        self.prefill_kernel = "tc" if prefill.supports(s.A_dtype, s.W_dtype, s.zmode, s.group_size, K,
-                                                       s.K_pad) is None else "dequant"
         self._by_rows: dict[int, Matmul] = {1: self.decode}
+        self._kind: dict[int, str] = {}
+
+    def kernel_for(self, M: int) -> str:
+        """The scheduler's kernel at the top of M's bucket, among those that read the GEMV's words
+        (gemv, tc, dequant: the per-tile mma kernel has a layout of its own)."""
+        key = M if M < prefill.MIN_M else prefill.bucket_of(M)
+        if key not in self._kind:
+            kind = Matmul(key, self.N, self.K, **self._kw).kind
+            self._kind[key] = kind if kind in ("gemv", "tc", "dequant") else "dequant"
+        return self._kind[key]
 
     @property
     def spec(self):
@@ -33,10 +40,9 @@ class DynamicMatmul:
         if M < 1:
             raise ValueError(f"activation rows must be >= 1, got {M}")
         # the GEMV and the dequantise + cuBLAS path are built per M; the prefill kernel per bucket
-        per_m = M < prefill.MIN_M or self.prefill_kernel == "dequant"
-        key = M if per_m else prefill.bucket_of(M)
+        kernel = "gemv" if M < prefill.MIN_M else self.kernel_for(M)
+        key = prefill.bucket_of(M) if kernel == "tc" else M
         if key not in self._by_rows:
-            kernel = "gemv" if M < prefill.MIN_M else self.prefill_kernel
             self._by_rows[key] = Matmul(key, self.N, self.K, kernel=kernel, **self._kw)
         mm = self._by_rows[key]
         assert mm.spec.K_pad == self.decode.spec.K_pad and mm.spec.layout == self.decode.spec.layout

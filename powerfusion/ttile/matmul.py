@@ -197,7 +197,8 @@ class Matmul:
         """(grid, block, splits) of the prefill kernel for M activation rows."""
         t = self.spec.tile
         if splits is None:
-            splits = prefill.choose_splits(M, self.N, self.spec.K_pad, t, _sm_count(), self.spec.dq == "lut")
+            splits = prefill.choose_splits(M, self.N, self.spec.K_pad, t, _sm_count(), self.spec.dq == "lut",
+                                           self.spec.zmode == "quantized")
         return (-(-M // t.bm), -(-self.N // t.bn), splits), (t.threads, 1, 1), splits
 
     def _kernel(self):

@@ -31,6 +31,7 @@ class TileConfig:
     wm: int
     wn: int
     stages: int
+    fp32_scale: bool = False   # group scale applied to fp32 partial sums per chunk (not per fragment)
 
     @property
     def bm(self) -> int:
@@ -46,7 +47,7 @@ class TileConfig:
 
     @property
     def tag(self) -> str:
-        return f"t{self.warps_m}x{self.warps_n}m{self.wm}n{self.wn}s{self.stages}"
+        return f"t{self.warps_m}x{self.warps_n}m{self.wm}n{self.wn}s{self.stages}" + ("f" if self.fp32_scale else "")
 
     def smem_bytes(self, lut: bool) -> int:
         """Dynamic shared memory: the ring of activation and weight stages (+ the pair table)."""
@@ -56,21 +57,23 @@ class TileConfig:
 
 
 # BitBLAS-style M buckets: the tile for the smallest bucket holding M (None: every larger M).
-# Small M: one m16 tile, 8 warps side by side along N, a deep ring (weights stream from HBM);
-# large M: 64 x 32 warp tiles (16 mma per 4 ldmatrix + 4 dequantised fragments per k16 step).
+# Small M: one or two m16 tiles, 8 warps side by side along N, group scales on fp32 partial sums
+# (the dequantisation is the instruction bottleneck there); larger M: 64 x 32 warp tiles.
 M_BUCKETS: tuple[tuple[int | None, TileConfig], ...] = (
-    (16, TileConfig(1, 8, 1, 2, 4)),
-    (32, TileConfig(1, 8, 2, 2, 4)),
+    (16, TileConfig(1, 8, 1, 2, 3, True)),
+    (32, TileConfig(1, 8, 2, 2, 3, True)),
     (64, TileConfig(1, 8, 4, 2, 4)),
-    (None, TileConfig(2, 4, 4, 4, 3)),
+    (128, TileConfig(1, 8, 4, 4, 3)),
+    (None, TileConfig(1, 8, 4, 4, 3)),
 )
-
 
 # the profiling step of hint-based scheduling: tiles the benchmark times against the buckets' own
 CANDIDATE_TILES: tuple[TileConfig, ...] = (
-    TileConfig(1, 4, 1, 4, 4), TileConfig(1, 8, 1, 4, 4), TileConfig(1, 4, 1, 2, 6), TileConfig(1, 8, 1, 2, 6),
-    TileConfig(1, 8, 4, 4, 3), TileConfig(2, 4, 2, 4, 4), TileConfig(2, 4, 4, 8, 3), TileConfig(2, 4, 4, 4, 4),
-    TileConfig(2, 2, 4, 8, 4))
+    TileConfig(1, 8, 1, 2, 4), TileConfig(1, 8, 1, 2, 4, True), TileConfig(1, 8, 1, 2, 2, True),
+    TileConfig(1, 4, 1, 4, 3, True), TileConfig(1, 8, 1, 4, 3, True), TileConfig(1, 4, 1, 2, 3, True),
+    TileConfig(1, 8, 4, 2, 3, True), TileConfig(1, 8, 2, 2, 3, True), TileConfig(1, 8, 2, 4, 3, True),
+    TileConfig(1, 8, 4, 2, 4), TileConfig(1, 8, 4, 4, 3), TileConfig(2, 4, 2, 4, 4), TileConfig(2, 4, 4, 4, 3),
+    TileConfig(1, 8, 4, 4, 4))
 
 
 def bucket_of(M: int) -> int:
@@ -104,25 +107,30 @@ def supports(A_dtype: str, W_dtype: str, zmode: str, group: int, K: int, K_pad: 
     return None
 
 
-def registers(tile: TileConfig) -> int:
-    """Estimated registers per thread: accumulators, A fragments, B words, scales, ~40 others
-    (nvcc 13 for sm_90: 48 for 1 x 2 warp tiles, 135 for 4 x 4, 236 for 4 x 8)."""
-    return 40 + 4 * tile.wm * tile.wn + 4 * tile.wm + 6 * tile.wn
+def registers(tile: TileConfig, zeros: bool = False) -> int:
+    """Registers per thread the kernel is held to (`__launch_bounds__` gets the resulting blocks per
+    SM): accumulators, double-buffered A fragments and packed words, ~24 others; with fp32 scaling
+    the partial sums, the scales (and zero points) of two chunks, fewer others. Calibrated on
+    nvcc 13 for sm_90 to compile without spills (63 for 1 x 2 fp32-scaled warp tiles, 166 for 4 x 4)."""
+    if tile.fp32_scale:
+        return 8 * tile.wm * tile.wn + 8 * tile.wm + 12 * tile.wn + 16 + (8 * tile.wn if zeros else 0)
+    return 4 * tile.wm * tile.wn + 8 * tile.wm + 8 * tile.wn + 24
 
 
-def occupancy(tile: TileConfig, lut: bool) -> int:
+def occupancy(tile: TileConfig, lut: bool, zeros: bool = False) -> int:
     """Blocks per SM, by shared memory, threads and registers (64 K per SM)."""
     return max(1, min(SMEM_PER_SM // tile.smem_bytes(lut), 2048 // tile.threads,
-                      65536 // (registers(tile) * tile.threads)))
+                      65536 // (registers(tile, zeros) * tile.threads), 8))
 
 
-def choose_splits(M: int, N: int, K_pad: int, tile: TileConfig, sms: int, lut: bool = False) -> int:
+def choose_splits(M: int, N: int, K_pad: int, tile: TileConfig, sms: int, lut: bool = False,
+                  zeros: bool = False) -> int:
     """Blocks along K, only where the tiles leave block slots empty (each split adds fp32
     partials): the fewest that minimise the makespan in chunks (waves of resident blocks x
     chunks per block; a partly filled wave costs a full one), at most 2 waves, >= 4 chunks each."""
     tiles = math.ceil(M / tile.bm) * math.ceil(N / tile.bn)
     chunks = math.ceil(K_pad / BK)
-    slots = sms * occupancy(tile, lut)
+    slots = sms * occupancy(tile, lut, zeros)
     if tiles >= slots:
         return 1
     top = max(1, min(chunks // 4, 2 * math.ceil(slots / tiles)))
@@ -201,3 +209,18 @@ def emulate(A: np.ndarray, words: np.ndarray, bits: int, layout: str, splits: in
                         part += mma_m16n8k16(a, b)
                 C[m0:m0 + 16, n0:n0 + 8] += part
     return C
+
+
+def emulate_fp32_scale(A: np.ndarray, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, group: int,
+                       magic: float = 1024.0) -> np.ndarray:
+    """The fp32-scaled kernel's algebra per BK chunk: the mma sees magic + code, a second mma the
+    row sums of A, and acc += s * (tmp - (magic + z) * sum(A)) per column. scale, zero [N, K / group]."""
+    M, K = A.shape
+    acc = np.zeros((M, codes.shape[0]))
+    for k0 in range(0, K, BK):
+        a = A[:, k0:k0 + BK]
+        tmp = a @ (magic + codes[:, k0:k0 + BK]).T
+        sa = a.sum(axis=1, keepdims=True)
+        s, z = scale[:, k0 // group], zero[:, k0 // group]
+        acc += s * (tmp - (magic + z) * sa)
+    return acc

@@ -75,11 +75,11 @@ PREFILL_TILES = prefill.CANDIDATE_TILES
 def prefill_matmuls(combo=None):
     for a, w, zm, out, g in ([combo] if combo else PREFILL_COMBOS):
         for M in PREFILL_MS:
-            yield Matmul(M, 200, 1000, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True)
+            yield Matmul(M, 200, 1000, a, w, out_dtype=out, group_size=g, zeros_mode=zm, with_bias=True, kernel="tc")
     if combo is None:
         from powerfusion.ttile.dispatch import DynamicMatmul
         dm = DynamicMatmul(200, 1000, "fp16", "int4", group_size=128, with_bias=True)
-        yield from (dm.matmul_for(M) for M in (1, 3, 16, 40, 64, 256))
-        yield from (Matmul(40, 136, 17 * 128, "fp16", "int4", group_size=128, with_bias=True),)
+        yield from (dm.matmul_for(M) for M in (1, 3, 16, 40, 64, 128, 256))
+        yield from (Matmul(40, 136, 17 * 128, "fp16", "int4", group_size=128, with_bias=True, kernel="tc"),)
         for tile in PREFILL_TILES:
-            yield from (Matmul(M, 264, 1024 + 256, "fp16", "int4", group_size=128, tile=tile) for M in (16, 130))
+            yield from (Matmul(M, 264, 1024 + 256, "fp16", "int4", group_size=128, tile=tile, kernel="tc") for M in (16, 130))

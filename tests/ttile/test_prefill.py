@@ -94,8 +94,8 @@ def test_unsupported_cases_name_the_reason(a, w, zm, group, K, why):
 def test_scheduler_picks_the_prefill_kernel_on_the_gemv_layout(w, zm):
     decode = Matmul(1, 200, 1000, "fp16", w, group_size=128, zeros_mode=zm)
     for M in (16, 64, 256):
-        mm = Matmul(M, 200, 1000, "fp16", w, group_size=128, zeros_mode=zm)
-        assert mm.kind == "tc" and mm.spec.tile == prefill.tile_for(M)
+        mm = Matmul(M, 200, 1000, "fp16", w, group_size=128, zeros_mode=zm, kernel=None if M < 256 else "tc")
+        assert mm.kind == "tc" and mm.spec.tile == prefill.tile_for(M)   # at 256 the model may pick dequant
         assert mm.spec.K_pad == decode.spec.K_pad and mm.spec.layout == decode.spec.layout
         weight = np.random.default_rng(M).standard_normal((200, 1000)).astype(np.float32)
         a, b = mm.pack(weight), decode.pack(weight)
@@ -107,9 +107,12 @@ def test_scheduler_picks_the_prefill_kernel_on_the_gemv_layout(w, zm):
 def test_dynamic_matmul_picks_by_rows():
     dm = DynamicMatmul(200, 1000, "fp16", "int4", group_size=128)
     assert dm.matmul_for(1).kind == "gemv" and dm.matmul_for(15).kind == "gemv"
-    assert dm.matmul_for(16).kind == "tc" and dm.matmul_for(300).kind == "tc"
-    assert dm.matmul_for(20) is dm.matmul_for(32)                # one kernel per bucket
+    assert dm.matmul_for(16).kind == "tc" and dm.matmul_for(20) is dm.matmul_for(32)   # one kernel per bucket
     assert dm.matmul_for(33).spec.tile == prefill.tile_for(64)
+    big = Matmul(256, 200, 1000, "fp16", "int4", group_size=128).kind   # the scheduler's pick for the last bucket
+    assert dm.kernel_for(300) == big and dm.matmul_for(300).kind == big
+    assert big != "tc" or dm.matmul_for(300) is dm.matmul_for(1000)
+    assert DynamicMatmul(200, 1000, "fp16", "int4", group_size=64).matmul_for(16).kind == "dequant"   # no tc: same words
     with pytest.raises(ValueError, match="rows"):
         dm.matmul_for(0)
 
@@ -121,7 +124,21 @@ def test_prefill_kernels_compile_for_sm80_and_sm90(tmp_path, nvcc):
                         ("bf16", "uint4", "quantized", 256), ("fp16", "fp4_e2m1", None, None)):
         for M in (16, 32, 64, 256):
             mm = Matmul(M, 200, 1000, a, w, group_size=g, zeros_mode=zm, with_bias=M == 64,
-                        out_dtype="fp32" if M == 32 else None)
+                        out_dtype="fp32" if M == 32 else None, kernel="tc")
             assert mm.kind == "tc", mm.name
             kernels[mm.name] = mm
     _compile_batched(tmp_path, list(kernels.values()))
+
+
+@pytest.mark.parametrize("group", [128, 256, 512])
+def test_fp32_scaling_algebra(group):
+    """acc += s * (A . (magic + q) - (magic + z) * sum(A)) per chunk equals A . (s * (q - z)), for groups
+    of one or several chunks (per channel: one group)."""
+    rng = np.random.default_rng(group)
+    M, N, K = 5, 12, 512
+    codes = rng.integers(0, 16, (N, K)).astype(np.float64)
+    scale = rng.uniform(0.01, 0.1, (N, K // group))
+    zero = rng.integers(0, 16, (N, K // group)).astype(np.float64)
+    A = rng.integers(-8, 9, (M, K)).astype(np.float64)
+    w = (codes - np.repeat(zero, group, axis=1)) * np.repeat(scale, group, axis=1)
+    np.testing.assert_allclose(prefill.emulate_fp32_scale(A, codes, scale, zero, group), A @ w.T, rtol=1e-9, atol=1e-9)

@@ -63,7 +63,7 @@ def test_prefill_matches_reference(combo, M):
 def test_k_splits_sum_to_the_same_result(splits):
     """The last split of a tile reduces the fp32 partials (and resets the counters: run twice)."""
     from powerfusion.ttile.matmul import Matmul
-    mm = Matmul(40, 136, 17 * 128, "fp16", "int4", group_size=128, with_bias=True)
+    mm = Matmul(40, 136, 17 * 128, "fp16", "int4", group_size=128, with_bias=True, kernel="tc")
     rng = np.random.default_rng(splits)
     for _ in range(2):
         got, ref = _run(mm, rng, 40, splits=splits)
@@ -74,7 +74,7 @@ def test_k_splits_sum_to_the_same_result(splits):
 def test_benchmark_tiles(tile):
     from powerfusion.ttile.matmul import Matmul
     for M in (16, 130):
-        mm = Matmul(M, 264, 1024 + 256, "fp16", "int4", group_size=128, tile=tile)
+        mm = Matmul(M, 264, 1024 + 256, "fp16", "int4", group_size=128, tile=tile, kernel="tc")
         got, ref = _run(mm, np.random.default_rng(M), M)
         _assert_close(mm, got, ref, f"M={M}")
 
@@ -84,6 +84,6 @@ def test_dynamic_matmul_serves_every_m_from_one_packed_weight():
     dm = DynamicMatmul(200, 1000, "fp16", "int4", group_size=128, with_bias=True)
     rng = np.random.default_rng(0)
     packed = dm.pack(rng.standard_normal((200, 1000)).astype(np.float32), bias=rng.standard_normal(200))
-    for M in (1, 3, 16, 40, 64, 256):
+    for M in (1, 3, 16, 40, 64, 128, 256):   # gemv, tc buckets, and whatever the scheduler picks at 256
         got, ref = _run(dm, rng, M, packed=packed)
         _assert_close(dm.matmul_for(M), got, ref, f"dynamic M={M}")
