@@ -75,6 +75,17 @@ def render(data) -> str:
                          f"({d.get('tile') or d['kernel']}, {d.get('splits') or 1} splits) | "
                          f"{best['time_us']:.1f} / {best['speedup']:.2f}x ({best.get('tile') or best['kernel']}) | "
                          + (f"{bf['time_us']:.1f} / {bf['speedup']:.2f}x ({bf['kernel']})" if bf else "-") + " |")
+    lines += ["", "## fp16 x int4: geomean speedup of each prefill tile over the shapes (the profiling step)", "",
+              "| M | tile: geomean speedup (the scheduler's tile first) |", "|---|---|"]
+    for m in ms:
+        per = defaultdict(list)
+        for (mm, n, k, key, c), r in cell.items():
+            if mm == m and key == "fp16 x int4" and r.get("tile"):
+                per[(c == "default" or c == "tc", r["tile"])].append(r["speedup"])
+        if per:
+            ranked = sorted(per.items(), key=lambda kv: (not kv[0][0], -_geo(kv[1])))
+            lines.append(f"| {m} | " + ", ".join(f"{t}: {_geo(v):.2f}x" + (f" ({len(v)} shapes)" if len(v) < len(shapes) else "")
+                                                  for (_, t), v in ranked) + " |")
     errs = [r for r in data["rows"] if "error" in r]
     if errs:
         lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {_key(r)} {r['config']}: {r['error']}"
