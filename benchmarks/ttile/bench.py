@@ -136,6 +136,9 @@ def bench_cublas(M, N, K):
              w0 if i == 0 else w0.copy(), cp.empty((M, N), cp.float16)) for i in range(n_sets(N * K * 2))]
     try:
         handle = _blas_handle()
+        # the handle keeps the stream of the last timed() call, destroyed since: rebind first (before
+        # this, every call after the first shape failed with status 13 and fell back to cupy.matmul)
+        handle.bind(cp.cuda.get_current_stream())
         if not handle.gemm_into(sets[0][0], sets[0][1], sets[0][2], trans_b=True):
             raise RuntimeError("gemm_into refused the operands")
         return timed([lambda s=s: handle.gemm_into(s[0], s[1], s[2], trans_b=True) for s in sets], bind=handle.bind)

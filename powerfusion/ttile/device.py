@@ -144,7 +144,14 @@ def word_layout(W_dtype: str, unit: ComputeUnit) -> str:
     return "dp4a" if unit.operand == "int8" else "pair"
 
 
-TC_PEAK_FRACTION = 0.22
+# the prefill kernel (mma.sync) reached 0.11-0.23 of H200's fp16 tensor peak at M = 128 / 256
+# (median 0.17; benchmarks/results/ttile-prefill.md): with this fraction the model keeps
+# 16 <= M <= 64 on it and larger fp16 M on dequantise + cuBLAS, as measured
+TC_PEAK_FRACTION = 0.17
+# dequantise + cuBLAS with bf16 activations: fp32 GEMM output, then CuPy's conversion to bf16
+# bits (several launches); measured 1.4x-4.9x the fp16 path at M = 256 (416 against 85 us on
+# 4096 x 4096, 1507 against 700 us on 57344 x 8192): modelled as 2x the fp16 path + 200 us
+BF16_TWO_PASS = (2.0, 200e-6)
 
 
 def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, group: int | None,
@@ -175,11 +182,12 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
     # ldmatrix and barriers share the warps); only where a 32-bit word stays in one group
     mma_ok = A_dtype != "int8" and w.kind != "block" and M >= 16 and (g or K) >= 4 * (32 // w.bits)
     fused_mma = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.15)) if mma_ok else math.inf
-    # the prefill kernel (prefill.py, mma.sync, GEMV words): the fraction of tensor peak it reached
-    # on H200 at M = 256 (benchmarks/results/ttile-prefill.md)
+    # the prefill kernel (prefill.py, mma.sync, GEMV words), at the fraction of tensor peak it reached
     zmode = zeros_mode or ("sym" if w.kind == "int" else "none")
     tc_ok = M >= MIN_M and supports(A_dtype, W_dtype, zmode, g or k_pad, K, k_pad) is None
     fused_tc = max(N * k_pad * w.bits / 8 / bw, flops / (tc * TC_PEAK_FRACTION)) if tc_ok else math.inf
+    if A_dtype == "bf16" and tc_ok:   # measured against the prefill kernel only
+        two_pass = two_pass * BF16_TWO_PASS[0] + BF16_TWO_PASS[1]
     costs = {"gemv": fused, "tc": fused_tc, "mma": fused_mma, "dequant": math.inf if A_dtype == "int8" else two_pass}
     if kernel is None:
         kernel = min(costs, key=costs.get)

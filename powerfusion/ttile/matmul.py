@@ -261,9 +261,10 @@ class Matmul:
         import cupy as cp
         words, scale, zeros, bias = dev
         M = A.shape[0]
-        if A.data.ptr % 16 or not A.flags.c_contiguous:
-            raise ValueError("the prefill kernel copies activations in 16-byte pieces: A must be C-contiguous "
-                             "and 16-byte aligned")
+        if A.data.ptr % 16 or not A.flags.c_contiguous:   # the kernel copies activations in 16-byte pieces
+            a = self._buffer(("a_aligned", M), (M, self.K), A.dtype)
+            a[...] = A
+            A = a
         grid, block, splits = self._tc_launch(M, splits)
         part = self._buffer(("partial", splits * M), (splits * M * self.N,), cp.float32) if splits > 1 else null
         counters = self._buffer(("counters", grid[0] * grid[1]), (grid[0] * grid[1],), cp.int32) if splits > 1 else null
