@@ -34,6 +34,8 @@ def render(data) -> str:
              "whichever is faster per shape (what the scheduler chose from before the prefill kernel).", ""]
     if meta.get("incomplete"):
         lines += [f"**Incomplete run:** {meta['incomplete']}.", ""]
+    for k, v in meta.get("notes", {}).items():
+        lines += [f"**{k}:** {v}.", ""]
     geo = defaultdict(lambda: defaultdict(list))
     cell = {}
     for r in rows:
@@ -54,6 +56,14 @@ def render(data) -> str:
         if before:
             lines += ["", f"{name} before the prefill kernel (best of mma / dequant + cuBLAS): " + ", ".join(
                 f"M={m} {_geo(v):.2f}x" for m, v in sorted(before.items())) + "."]
+    bw = meta["copy_bandwidth_GBps"] * 1e9
+    floor = defaultdict(list)   # no fp16 GEMM beats reading its fp16 weights once at copy bandwidth
+    for r in rows:
+        if r["config"] == "default" and _key(r) == "fp16 x int4":
+            floor[r["M"]].append(r["N"] * r["K"] * 2 / bw * 1e6 / r["time_us"])
+    lines += ["", "fp16 x int4 against the fp16 weight-read floor (N K 2 bytes / copy bandwidth: a lower bound "
+              "on the speedup over any fp16 GEMM): " + ", ".join(f"M={m} {_geo(v):.2f}x" for m, v in sorted(floor.items()))
+              + "."]
     lines += ["", "Targets (4-bit weights): " + ", ".join(
         f"M = {m} >= {t}x: " + ", ".join(f"{k} {_geo(geo[k][m]):.2f}x ({'met' if _geo(geo[k][m]) >= t else 'not met'})"
                                        for k in sorted(geo) if geo[k][m]) for m, t in TARGETS.items()) + ".", ""]
