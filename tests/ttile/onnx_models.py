@@ -123,6 +123,7 @@ CUDA_SESSION_MODELS = {
     "uint2_fp16_m1024": (_q("uint2", 32, F16, (32, 32)), {"dequant"}),
     "uint4_float_zp_bias_fp16_m3": (lambda: nbits_model("uint4", (3,), float_zero_points=True, bias=True), {"gemv"}),
     "int4_bias_fp32_m40": (lambda: nbits_model("int4", (4, 10), dtype=F32, bias=True), {"mma"}),
+    "int4_g128_fp16_m40": (_q("int4", 128, F16, (4, 10)), {"tc"}),   # the prefill kernel (K 64: per channel)
     "uint8_bias_fp32_m300": (lambda: nbits_model("uint8", (300,), k=512, n=256, group=64, dtype=F32, bias=True),
                              {"dequant"}),
     "dq_uint4_blocked_fp32_m4": (lambda: dq_model(signed=False, blocked=True), {"gemv"}),
