@@ -154,7 +154,7 @@ def _check_keys(doc: dict, keys, folder) -> None:
 def _check_plan(plan: dict, folder: Path) -> None:
     """Kernel names go to NVRTC's symbol lookup: C identifiers only."""
     for step in plan.get("steps", []):
-        if step.get("kind") == "library" and step.get("op") not in ("matmul", "conv"):
+        if step.get("kind") == "library" and step.get("op") not in ("matmul", "conv", "attention"):
             raise ArtefactError(f"'{folder}': library step '{step.get('node')}' ({step.get('op')}) cannot be run "
                                 "from a compiled folder yet; run the .onnx model instead")
         for k in step.get("kernels", []):

@@ -159,6 +159,19 @@ class TypedMatMul:
 
 
 @dataclass(frozen=True, slots=True)
+class Attention:
+    """softmax(Q @ K^T * scale + bias) @ V, inputs (Q, K, V[, bias]): Q [..., Sq, D], K [..., Skv, D],
+    V [..., Skv, Dv] with equal leading dims, bias broadcasting to [..., Sq, Skv]; the products and
+    the softmax in float32, the probabilities rounded to Q's type before the second product (as
+    in the decomposed graph it replaces). Always a library call. Made only by
+    frontend/attention.py, for fp16 / bf16 graphs on CUDA, where cuDNN runs it fused.
+    nan_to_zero: probabilities that are NaN (a row whose scores are all -inf) become 0, as the
+    exporters' guard where(isnan(p), 0, p) has them."""
+    scale: float
+    nan_to_zero: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class OnnxFallback:
     """An ONNX node the frontend does not convert, run as it is by onnxruntime on the CPU
     (option fallback='onnxruntime'); always a library step. Inputs are the node's inputs
@@ -172,9 +185,9 @@ class OnnxFallback:
 
 
 OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
-               GatherElements, Window, MatMul, Conv, TypedMatMul, OnnxFallback]
+               GatherElements, Window, MatMul, Conv, TypedMatMul, Attention, OnnxFallback]
 MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, GatherElements, Window)
-LIBRARY_OPS = (MatMul, Conv, TypedMatMul, OnnxFallback)
+LIBRARY_OPS = (MatMul, Conv, TypedMatMul, Attention, OnnxFallback)
 
 
 def kind_of(op: OpArgs) -> str:

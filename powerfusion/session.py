@@ -29,7 +29,7 @@ from powerfusion import options as _options
 from powerfusion.backends import registry
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, OnnxFallback, Partition, Subgraph,
-                               TensorInfo, TypedMatMul)
+                               TensorInfo, TypedMatMul, Attention)
 from powerfusion.backends.cpu.session import (CPU_SESSION_TARGET, BasicFallbackWarning,  # noqa: F401
                                               CpuPlan, compile_cpu_plan, failure)
 from powerfusion.pipeline.driver import CompileOptions, Observer, compile
@@ -549,6 +549,9 @@ def run_library_op(op, inputs: list[np.ndarray], out_dtype) -> np.ndarray:
     if isinstance(op, OnnxFallback):  # the node as it is, in onnxruntime
         from powerfusion.frontend.fallback import run_fallback
         return run_fallback(op, inputs, out_dtype)
+    if isinstance(op, Attention):   # float32 inside, rounded as the op says (numpy_exec)
+        from powerfusion.frontend.numpy_exec import run_attention
+        return run_attention(op, inputs, np.dtype(out_dtype))
     work = _compute_dtype(inputs[0].dtype)
     args = [np.asarray(x).astype(work, copy=False) for x in inputs]
     if isinstance(op, MatMul):

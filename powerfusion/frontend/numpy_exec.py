@@ -183,8 +183,26 @@ EXECUTORS = {
     B.MatMul: run_matmul,
     B.Conv: run_conv,
     B.TypedMatMul: lambda op, a, dt: run_typed_matmul(op, a, dt),
+    B.Attention: lambda op, a, dt: run_attention(op, a, dt),
     B.OnnxFallback: lambda op, a, dt: run_onnx_fallback(op, a, dt),
 }
+
+
+def run_attention(op: B.Attention, args, dtype):
+    """float32 products and softmax; the probabilities rounded to the operands' type before the
+    second product (B.Attention)."""
+    q, k, v = (np.asarray(a, np.float32) for a in args[:3])
+    s = (q @ np.swapaxes(k, -1, -2)) * np.float32(op.scale)
+    if len(args) > 3:
+        s = s + np.asarray(args[3], np.float32)
+    with np.errstate(invalid="ignore"):
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):
+        p = s / s.sum(axis=-1, keepdims=True)
+    if op.nan_to_zero:
+        p = np.where(np.isnan(p), np.float32(0), p)
+    p = p.astype(dtype).astype(np.float32)
+    return (p @ v).astype(dtype)
 
 
 def run_onnx_fallback(op, args, dtype):

@@ -240,9 +240,18 @@ def _swapped_source(cx: NodeCtx, name: str, trans: bool) -> tuple[str, bool]:
         chain.append(node)
         cur = _chained_input(cx, node)
     perm, r = node.op.perm, len(node.op.perm)
-    if r < 2 or perm != tuple(range(r - 2)) + (r - 1, r - 2):
+    if r < 2:
         return name, trans
     src = node.inputs[0]
+    if perm != tuple(range(r - 2)) + (r - 1, r - 2):
+        # Transpose(x, p) is the last-two swap of Transpose(x, p'), p' = p with its last two
+        # entries swapped: where p' keeps x's innermost axis innermost (a permutation of rows,
+        # e.g. BERT's folded k.permute(0, 2, 3, 1) = (0, 2, 1, 3) then the swap), the operand
+        # becomes that row transpose, read through the trans flag
+        inner = perm[:-2] + (perm[-1], perm[-2])
+        if inner[-1] != r - 1:
+            return name, trans
+        src = cx.transpose(src, inner)
     for link in reversed(chain):
         src = _reemit_swapped(cx, link, src)
     return src, not trans

@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 
 from powerfusion.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Conv, Elementwise, LibraryCall, MatMul,
-                               OnnxFallback, Partition, Reduce, Subgraph, TypedMatMul)
+                               OnnxFallback, Partition, Reduce, Subgraph, TypedMatMul, Attention)
 from powerfusion.frontend.quantized import packed_bytes
 from powerfusion.targets.specs import get_target
 from powerfusion.scalar import scalar_fn
@@ -44,6 +44,9 @@ def node_flops(graph: BasicGraph, node: BasicNode) -> int:
         return 2 * out.size * k
     if isinstance(op, TypedMatMul):
         return 2 * out.size * op.K
+    if isinstance(op, Attention):   # two products over the keys
+        q, k = graph.tensors[node.inputs[0]].shape, graph.tensors[node.inputs[1]].shape
+        return 2 * int(np.prod(q[:-1], dtype=np.int64)) * k[-2] * (q[-1] + out.shape[-1])
     if isinstance(op, Conv):
         w = graph.tensors[node.inputs[1]].shape
         per_output = int(np.prod(w[1:], dtype=np.int64))  # C/group x kernel
@@ -92,8 +95,8 @@ def has_gir_template(graph: BasicGraph, node: BasicNode, target: str = "cpu") ->
 def is_library(graph: BasicGraph, node: BasicNode, target: str) -> bool:
     if not isinstance(node.op, LIBRARY_OPS):
         return False
-    if isinstance(node.op, (TypedMatMul, OnnxFallback)):  # only a typed GEMM runs a low-bit weight;
-        return True                                        # only onnxruntime a fallback node
+    if isinstance(node.op, (TypedMatMul, Attention, OnnxFallback)):  # only a typed GEMM runs a low-bit
+        return True        # weight, only cuDNN (or its stand-in) fused attention, only onnxruntime a fallback
     dtype = np.dtype(graph.tensors[node.inputs[0]].dtype).name
     intensity = node_flops(graph, node) / max(node_bytes(graph, node), 1)
     return intensity > get_target(target).ridge_point(dtype) or not has_gir_template(graph, node, target)

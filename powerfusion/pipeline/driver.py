@@ -53,6 +53,8 @@ class CompileOptions:
     workers: int = 0                  # processes searching subgraphs at once (0: options.search_workers, else the cores)
     # CUDA: fp16 / bf16 2-D convolutions run on NHWC tensors (frontend/layout.py); False keeps NCHW
     channels_last: bool = True
+    # CUDA: fp16 / bf16 softmax(Q K^T s + bias) V as one fused library op (frontend/attention.py)
+    attention: bool = True
 
 
 class Observer:
@@ -132,6 +134,10 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
         from powerfusion.frontend.layout import to_channels_last
         with timer("layout"):
             to_channels_last(graph)
+    if options.attention and get_target(target).backend == "cuda":
+        from powerfusion.frontend.attention import fuse_attention
+        with timer("attention"):
+            fuse_attention(graph)
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
         _refuse_cpu_only(graph)

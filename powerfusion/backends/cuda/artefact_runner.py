@@ -14,7 +14,7 @@ class ArtefactRunner:
     def __init__(self, artefact, device_id: int = 0):
         import cupy
         from powerfusion.backends.cuda.executor import device_dtype
-        from powerfusion.basic import Conv, MatMul
+        from powerfusion.basic import Attention, Conv, MatMul
         self.artefact, self.graph, self.device_id = artefact, artefact.graph, device_id
         self.use_cuda_graph = False
         plan, folder = artefact.plan, artefact.folder
@@ -35,7 +35,7 @@ class ArtefactRunner:
                                    _scratch(folder, step["scratch"])))
             else:
                 attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in step["attributes"].items()}
-                op = MatMul(**attrs) if step["op"] == "matmul" else Conv(**attrs)
+                op = {"matmul": MatMul, "conv": Conv, "attention": Attention}[step["op"]](**attrs)
                 self.steps.append(("library", op, step))
 
     def __call__(self, feeds: dict) -> dict:
@@ -74,13 +74,16 @@ class ArtefactRunner:
                 k["function"].launch(tuple(k["grid"]), tuple(k["block"]), args, shared_mem=int(k["shared_bytes"]))
             return
         from powerfusion.backends.cuda import library
-        from powerfusion.basic import MatMul
+        from powerfusion.basic import Attention, MatMul
         _, op, s = step
         ins = [self.constants[t] if t in self.constants else self.tensors[t] for t in s["inputs"]]
         bf16 = self.artefact.plan["tensors"][s["inputs"][0]]["dtype"] == "bfloat16"
         logical = "bfloat16" if bf16 else None
         if isinstance(op, MatMul):
             y = library.matmul(ins[0], ins[1], trans_a=op.trans_a, trans_b=op.trans_b, logical_dtype=logical)
+        elif isinstance(op, Attention):
+            y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=op.scale,
+                                  nan_to_zero=op.nan_to_zero, logical_dtype=logical)
         else:
             import cupy
             x, w = (cupy.moveaxis(a, -1, 1) for a in ins[:2]) if op.channels_last else ins[:2]

@@ -97,6 +97,25 @@ def matmul(a, b, *, trans_a: bool = False, trans_b: bool = False, logical_dtype:
     return _from_f32(cupy.matmul(_to_f32(a, bits), _to_f32(b, bits)), a, bits)
 
 
+def attention(q, k, v, bias=None, *, scale: float = 1.0, nan_to_zero: bool = False,
+              logical_dtype: str | None = None):
+    """basic.Attention on CuPy arrays, the stand-in where cuDNN does not run it
+    (cudnn_attention.py): float32 products and softmax, the probabilities rounded to the
+    operands' type before the second product. Allocates (so it is not captured)."""
+    import cupy
+    bits = _is_bf16(q, logical_dtype) and q.dtype == cupy.uint16   # bf16 held as bit patterns
+    qf, kf, vf = (_to_f32(a, bits) for a in (q, k, v))
+    s = cupy.matmul(qf, cupy.swapaxes(kf, -1, -2)) * cupy.float32(scale)
+    if bias is not None:
+        s = s + _to_f32(bias, bits)
+    s = cupy.exp(s - s.max(axis=-1, keepdims=True))
+    p = s / s.sum(axis=-1, keepdims=True)
+    if nan_to_zero:
+        p = cupy.where(cupy.isnan(p), cupy.float32(0), p)
+    p = _to_f32(_from_f32(p, q, bits), bits)
+    return _from_f32(cupy.matmul(p, vf), q, bits)
+
+
 def gemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 1.0, trans_a: bool = False,
          trans_b: bool = False, logical_dtype: str | None = None):
     """ONNX Gemm: alpha * op(A) @ op(B) + beta * C (C broadcast to the result)."""

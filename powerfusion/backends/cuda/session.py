@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.errors import PowerFusionError
-from powerfusion.basic import Conv, MatMul, TypedMatMul
+from powerfusion.basic import Attention, Conv, MatMul, TypedMatMul
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.plan import KernelStep, LibraryStep, Plan
@@ -61,6 +61,18 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda import ape_route
         self._ape = ape_route.router(fp32_matmul)   # fp32 GEMMs through powerfusion.ape, or None
         self._plan_convs(cupy)
+        self._plan_attention(cupy)
+
+    def _plan_attention(self, cupy) -> None:
+        """Each Attention step's route, chosen once here: a cuDNN graph (cudnn_attention.py), all
+        sharing one workspace allocated now, or the cuBLAS + CuPy stand-in with the reason in
+        `fallbacks`."""
+        from powerfusion.backends.cuda import cudnn_attention
+        nodes = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Attention)]
+        self.attentions, why = cudnn_attention.plan_attention(self.graph, nodes, self.device_id)
+        self.fallbacks.update(why)
+        need = max((a.workspace_bytes for a in self.attentions.values()), default=0)
+        self._attention_workspace = cupy.empty(need, dtype=np.uint8) if need else None
 
     def _plan_convs(self, cupy) -> None:
         """Each Conv step's route, chosen once here: a cuDNN graph built for its shapes
@@ -170,6 +182,9 @@ class CudaPlanRunner:
             if isinstance(node.op, MatMul):
                 y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
                                    logical_dtype="bfloat16" if bf16 else None)
+            elif isinstance(node.op, Attention):
+                y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=node.op.scale,
+                                      nan_to_zero=node.op.nan_to_zero, logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Conv):
                 import cupy
                 op = node.op
@@ -191,6 +206,13 @@ class CudaPlanRunner:
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
         from powerfusion.backends.cuda import blas, int8_gemm, library
+        if isinstance(node.op, Attention):   # cuDNN, chosen when the runner was built
+            route = self.attentions.get(node.name)
+            if route is None:
+                return False
+            route.bind(cupy.cuda.get_current_stream().ptr)
+            route(ins[0], ins[1], ins[2], ins[3] if len(ins) > 3 else None, out, self._attention_workspace)
+            return True
         int8 = isinstance(node.op, (MatMul, Conv)) and int8_gemm.is_int8_gemm(ins[0], ins[1], out)
         conv = None if int8 else self.convs.get(node.name)
         if conv is not None:   # cuDNN, chosen when the runner was built

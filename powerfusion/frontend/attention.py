@@ -1,0 +1,224 @@
+"""Fused attention: a basic-graph rewrite that finds softmax(Q K^T * s + bias) V in the ops the
+importer decomposed it into and replaces them by one `Attention` library op (basic.py).
+
+Why: a transformer layer's attention decomposed is two batched GEMMs with a memory-bound
+softmax between them, and the scores make a round trip through DRAM. cuDNN's fused attention
+(flash attention: scores stay on chip) does it in one kernel; torch.compile calls it for the
+same models. Measured on the H200 before this rewrite (benchmarks/results/zoo-profile.md):
+ViT-B/16 fp16 spent 157 us of 878 in the two align-1 GEMMs around 197-wide softmax rows,
+GPT-2 fp16 about 10 us a layer in the two GEMMs, the softmax and the transpose after it.
+
+What is matched (the importer's own decomposition, frontend/ops_nn.py):
+
+    S  = MatMul(Q, K, trans_b)                      Q [..., Sq, D], K [..., Skv, D]
+    S' = S * c | S / c                              optional, c a scalar constant
+    S''= S' + bias                                  optional, bias broadcast to S's shape
+    x  = cast(S'', float32)                         optional (fp16 / bf16 softmax upcast)
+    P  = exp(x - max(x)) * reciprocal(sum(exp(..))) over the last axis
+    P' = cast(P, Q's type)                          optional
+    P''= where(isnan(P'), 0, P')                    optional (Attention.nan_to_zero)
+    Y  = MatMul(P'', V)
+
+Only where every intermediate is used inside the pattern alone (no other consumer, not a graph
+output), the operands are fp16 / bf16 with equal leading dims, and the head size suits cuDNN
+(a multiple of 8, at most 128). Only run for CUDA targets (pipeline/driver.py); the CUDA session
+runs the op through cuDNN and, where cuDNN does not take it, through cuBLAS + CuPy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from powerfusion.basic import Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce
+
+LOW_PRECISION = ("float16", "bfloat16")
+MAX_HEAD = 128
+
+
+def fuse_attention(graph: BasicGraph) -> int:
+    """Rewrite `graph` in place; returns how many attentions were fused."""
+    count = 0
+    while True:
+        match = _find(graph)
+        if match is None:
+            return count
+        _replace(graph, *match)
+        count += 1
+
+
+def _find(graph: BasicGraph):
+    producer, consumers = graph.producer(), graph.consumers()
+    outputs = {t.name for t in graph.outputs}
+    for pv in graph.nodes:
+        if not isinstance(pv.op, MatMul) or pv.op.trans_a or pv.op.trans_b:
+            continue
+        m = _Match(graph, producer, consumers, outputs)
+        got = m.attention(pv)
+        if got is not None:
+            return (pv, *got, m.chain)
+    return None
+
+
+class _Match:
+    def __init__(self, graph, producer, consumers, outputs):
+        self.g, self.producer, self.consumers, self.outputs = graph, producer, consumers, outputs
+        self.chain: list[BasicNode] = []
+
+    def node(self, t: str, kind, uses: int = 1) -> BasicNode | None:
+        """The producer of `t` if it is a `kind` op and `t` has exactly `uses` consumers and is no
+        graph output (it will vanish with the pattern)."""
+        n = self.producer.get(t)
+        if n is None or not isinstance(n.op, kind) or t in self.outputs:
+            return None
+        if len(self.consumers.get(t, [])) != uses:
+            return None
+        return n
+
+    def take(self, n: BasicNode) -> BasicNode:
+        if n not in self.chain:
+            self.chain.append(n)
+        return n
+
+    def attention(self, pv: BasicNode):
+        p, v = pv.inputs
+        self.nan_to_zero = False
+        p = self._nan_guard(p)
+        uses = 2 if self.nan_to_zero else 1
+        n = self.node(p, Elementwise, uses=uses)
+        if n is not None and n.op.fn == "cast":
+            p = self.take(n).inputs[0]
+            n = self.node(p, Elementwise)
+        elif n is None and uses == 2:
+            return None
+        if n is None or n.op.fn != "mul":
+            return None
+        self.take(n)
+        x = self._softmax(n)
+        if x is None:
+            return None
+        n = self.node(x, Elementwise, uses=2)   # the softmax's upcast, read by max and sub
+        if n is not None and n.op.fn == "cast":
+            x = self.take(n).inputs[0]
+        base = list(self.chain)
+        for bias, scores, taken in self._bias_options(x):
+            scale, scores, scaled = self._scale(scores)
+            qk = self.node(scores, MatMul)
+            if qk is None or qk.op.trans_a or not qk.op.trans_b:
+                continue
+            q, k = qk.inputs
+            if self._shapes_ok(q, k, v, pv.outputs[0], bias):
+                self.chain = base + taken + scaled + [qk]
+                return q, k, v, bias, scale, self.nan_to_zero
+        return None
+
+    def _nan_guard(self, p: str) -> str:
+        """where(isnan(p), 0, p) (the exporters' guard for fully masked rows): p, taken."""
+        w = self.node(p, Elementwise)
+        if w is None or w.op.fn != "where" or len(w.inputs) != 3:
+            return p
+        cond, zero, x = w.inputs
+        isnan = self.node(cond, Elementwise)
+        if isnan is None or isnan.op.fn != "isnan" or isnan.inputs[0] != x or self._scalar(zero) != 0.0:
+            return p
+        if len(self.consumers.get(x, [])) != 2 or x in self.outputs:
+            return p
+        zb = self.node(zero, Broadcast)
+        for n in (w, isnan) + ((zb,) if zb is not None else ()):
+            self.take(n)
+        self.nan_to_zero = True
+        return x
+
+    def _softmax(self, mul: BasicNode) -> str | None:
+        """mul(e, broadcast(reciprocal(sum(e)))) with e = exp(x - broadcast(max(x))) over the
+        last axis: x, or None."""
+        e, b = mul.inputs
+        e_node = self.node(e, Elementwise, uses=2)
+        if e_node is None:
+            e, b = b, e
+            e_node = self.node(e, Elementwise, uses=2)
+        if e_node is None or e_node.op.fn != "exp":
+            return None
+        rank = len(self.g.tensors[e].shape)
+        bn = self.node(b, Broadcast)
+        rn = bn and self.node(bn.inputs[0], Elementwise)
+        sn = rn and rn.op.fn == "reciprocal" and self.node(rn.inputs[0], Reduce)
+        if not sn or sn.op.fn != "sum" or not _last_axis(sn.op, rank) or sn.inputs[0] != e:
+            return None
+        dn = self.node(e_node.inputs[0], Elementwise)
+        if dn is None or dn.op.fn != "sub":
+            return None
+        x, bm = dn.inputs
+        mb = self.node(bm, Broadcast)
+        mn = mb and self.node(mb.inputs[0], Reduce)
+        if not mn or mn.op.fn != "max" or not _last_axis(mn.op, rank) or mn.inputs[0] != x:
+            return None
+        if len(self.consumers.get(x, [])) != 2 or x in self.outputs:
+            return None
+        for n in (bn, rn, sn, e_node, dn, mb, mn):
+            self.take(n)
+        return x
+
+    def _bias_options(self, x: str):
+        """(bias or None, the scores' tensor, the nodes the bias add takes) for each reading of x:
+        scores + bias with either operand as the scores, and x as the scores itself."""
+        n = self.node(x, Elementwise)
+        if n is not None and n.op.fn == "add":
+            for scores, b in (n.inputs, n.inputs[::-1]):
+                bn = self.node(b, Broadcast)
+                bias = bn.inputs[0] if bn is not None else b
+                if self.g.tensors[bias].dtype == self.g.tensors[scores].dtype:
+                    yield bias, scores, [n] + ([bn] if bn is not None else [])
+        yield None, x, []
+
+    def _scale(self, x: str) -> tuple[float, str, list]:
+        """(scale, the unscaled scores, the nodes taken): x = s * c or s / c, c a scalar constant."""
+        n = self.node(x, Elementwise)
+        if n is None or n.op.fn not in ("mul", "div"):
+            return 1.0, x, []
+        for s, c in ((n.inputs, n.inputs[::-1]) if n.op.fn == "mul" else (n.inputs,)):
+            value = self._scalar(c)
+            if value is None or value == 0.0:
+                continue
+            bn = self.node(c, Broadcast)
+            return (value if n.op.fn == "mul" else 1.0 / value), s, [n] + ([bn] if bn is not None else [])
+        return 1.0, x, []
+
+    def _scalar(self, t: str) -> float | None:
+        bn = self.producer.get(t)
+        src = bn.inputs[0] if bn is not None and isinstance(bn.op, Broadcast) else t
+        c = self.g.constants.get(src)
+        if c is None or np.size(c) != 1:
+            return None
+        return float(np.asarray(c, np.float64).reshape(()))
+
+    def _shapes_ok(self, q: str, k: str, v: str, y: str, bias: str | None) -> bool:
+        t = self.g.tensors
+        if bias is not None:
+            try:
+                if np.broadcast_shapes(t[bias].shape, t[y].shape[:-1] + (t[k].shape[-2],)) != \
+                        t[y].shape[:-1] + (t[k].shape[-2],):
+                    return False
+            except ValueError:
+                return False
+        sq, sk, sv = t[q].shape, t[k].shape, t[v].shape
+        if len(sq) < 3 or not len(sq) == len(sk) == len(sv) or not sq[:-2] == sk[:-2] == sv[:-2]:
+            return False
+        if sk[-1] != sq[-1] or sv[-2] != sk[-2]:
+            return False
+        dtypes = {np.dtype(t[n].dtype).name for n in (q, k, v, y)}
+        if len(dtypes) != 1 or dtypes.pop() not in LOW_PRECISION:
+            return False
+        return all(d % 8 == 0 and d <= MAX_HEAD for d in (sq[-1], sv[-1]))
+
+
+def _last_axis(op: Reduce, rank: int) -> bool:
+    return op.keepdims and tuple(a % rank for a in op.axes) == (rank - 1,)
+
+
+def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero, chain) -> None:
+    inputs = (q, k, v) + ((bias,) if bias is not None else ())
+    fused = BasicNode(pv.name, Attention(float(scale), nan_to_zero), inputs, pv.outputs, pv.origin)
+    gone = {id(n) for n in chain}
+    for n in chain:
+        for t in n.outputs:
+            graph.tensors.pop(t, None)
+    graph.nodes = [fused if n is pv else n for n in graph.nodes if id(n) not in gone]

@@ -1,0 +1,112 @@
+"""frontend/attention.py: softmax(Q K^T s + bias) V, decomposed by the importer, becomes one
+Attention library op on CUDA fp16 / bf16 graphs, and computes what the decomposed graph does.
+
+Tolerance: both graphs in fp16 with float32 softmax; the fused op keeps the scores in float32
+where the decomposed graph rounds them to fp16 after the product (and after the bias add), so
+the outputs differ by a few fp16 ulps of the scores: 5e-3 relative to the output's range."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+from powerfusion.basic import Attention, MatMul
+from powerfusion.frontend import import_model, run_basic_graph
+from powerfusion.frontend.attention import fuse_attention
+
+B, H, S, D = 1, 2, 8, 16
+TOL = 5e-3
+
+
+def _model(dtype=np.float16, guard=False, mask="rows", head=D, extra_use=False):
+    """BERT-style (Div by sqrt(D), an additive mask) or, with `guard`, GPT-2-style (a causal
+    [S, S] mask and the exporters' where(isnan(p), 0, p))."""
+    et = T.FLOAT16 if dtype == np.float16 else T.FLOAT
+    inits = [nh.from_array(np.array(np.sqrt(head), dtype), "sqrt_d"), nh.from_array(np.array(0, dtype), "zero")]
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["q", "kt"], ["s"]),
+             h.make_node("Div", ["s", "sqrt_d"], ["ss"])]
+    if mask == "causal":
+        causal = np.where(np.tril(np.ones((S, S), bool)), 0.0, -np.inf).astype(dtype)
+        inits.append(nh.from_array(causal.reshape(1, 1, S, S), "mask"))
+        nodes.append(h.make_node("Add", ["ss", "mask"], ["sm"]))
+    else:
+        inits.append(nh.from_array(np.where(np.arange(S) < S - 2, 0.0, -1e4).astype(dtype).reshape(1, 1, 1, S), "mask"))
+        nodes.append(h.make_node("Add", ["ss", "mask"], ["sm"]))
+    nodes.append(h.make_node("Softmax", ["sm"], ["p"], axis=-1))
+    p = "p"
+    if guard:
+        nodes += [h.make_node("IsNaN", ["p"], ["nan"]), h.make_node("Where", ["nan", "zero", "p"], ["pg"])]
+        p = "pg"
+    nodes.append(h.make_node("MatMul", [p, "v"], ["y"]))
+    outputs = [h.make_tensor_value_info("y", et, [B, H, S, head])]
+    if extra_use:
+        outputs.append(h.make_tensor_value_info("p", et, [B, H, S, S]))
+    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info(n, et, [B, H, S, head]) for n in "qkv"],
+                     outputs, inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _feeds(dtype=np.float16, head=D):
+    rng = np.random.default_rng(3)
+    return {n: rng.standard_normal((B, H, S, head)).astype(dtype) for n in "qkv"}
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("guard,mask", [(False, "rows"), (True, "causal")])
+def test_fused_attention_matches_the_decomposed_graph(guard, mask):
+    graph = import_model(_model(guard=guard, mask=mask))
+    want = run_basic_graph(graph, _feeds())["y"]
+    fused = copy.deepcopy(graph)
+    assert fuse_attention(fused) == 1
+    (att,) = [n for n in fused.nodes if isinstance(n.op, Attention)]
+    assert att.op.scale == pytest.approx(1 / np.sqrt(D), rel=1e-3) and att.op.nan_to_zero == guard
+    assert not any(isinstance(n.op, MatMul) for n in fused.nodes)   # both products are inside
+    assert len(att.inputs) == 4                                       # q, k, v and the mask
+    assert _rel(run_basic_graph(fused, _feeds())["y"], want) < TOL
+
+
+@pytest.mark.parametrize("case", ["fp32", "head_12", "probabilities_are_an_output"])
+def test_not_fused(case):
+    kw = {"fp32": dict(dtype=np.float32), "head_12": dict(head=12),
+          "probabilities_are_an_output": dict(extra_use=True)}[case]
+    graph = import_model(_model(**kw))
+    assert fuse_attention(graph) == 0
+
+
+def test_only_cuda_partitions_get_the_fused_op():
+    from powerfusion.pipeline.driver import CompileOptions, front
+    lib = lambda part: [c.node.op for c in part.library_calls]   # noqa: E731
+    cuda = front(_model(guard=True, mask="causal"), "cuda", CompileOptions())
+    assert [type(op) for op in lib(cuda)] == [Attention]
+    assert not any(isinstance(op, Attention) for op in lib(front(_model(), "cpu", CompileOptions())))
+    off = front(_model(), "cuda", CompileOptions(attention=False))
+    assert not any(isinstance(op, Attention) for op in lib(off))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cudnn", [True, False])
+@pytest.mark.parametrize("guard,mask", [(False, "rows"), (True, "causal")])
+def test_attention_on_cuda_matches(cudnn, guard, mask, monkeypatch):
+    """cuDNN's fused attention inside the captured graph, or (cuDNN switched off, or a mask
+    broadcast over rows, which cuDNN's bias does not take) the cuBLAS + CuPy stand-in."""
+    import powerfusion
+    from powerfusion.backends.cuda import cudnn_conv
+    if not cudnn:
+        monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
+    model = _model(guard=guard, mask=mask)
+    want = run_basic_graph(import_model(model), _feeds())["y"]
+    with powerfusion.options.context(cuda_graph=True):
+        sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
+        got = sess.run(None, _feeds())[0]
+        again = sess.run(None, _feeds())[0]
+    runner = sess._executor
+    on_cudnn = cudnn and mask == "causal"
+    assert (len(runner.attentions) == 1) == on_cudnn, runner.fallbacks
+    assert _rel(got, want) < TOL and _rel(again, want) < TOL
