@@ -166,9 +166,14 @@ class Attention:
     in the decomposed graph it replaces). Always a library call. Made only by
     frontend/attention.py, for fp16 / bf16 graphs on CUDA, where cuDNN runs it fused.
     nan_to_zero: probabilities that are NaN (a row whose scores are all -inf) become 0, as the
-    exporters' guard where(isnan(p), 0, p) has them."""
+    exporters' guard where(isnan(p), 0, p) has them. out_perm: the output is the result
+    transposed by it (rank 4, the head size staying last: heads merged back, [B, S, H, Dv]),
+    written so directly (cuDNN's output strides), () for none; out_shape: then reshaped to it
+    (the same bytes: [B * S, H * Dv]), () for none."""
     scale: float
     nan_to_zero: bool = False
+    out_perm: tuple[int, ...] = ()
+    out_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.basic import Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce
+from powerfusion.basic import (Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce, Reshape,
+                               Transpose)
 
 LOW_PRECISION = ("float16", "bfloat16")
 MAX_HEAD = 128
@@ -216,9 +217,36 @@ def _last_axis(op: Reduce, rank: int) -> bool:
 
 def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero, chain) -> None:
     inputs = (q, k, v) + ((bias,) if bias is not None else ())
-    fused = BasicNode(pv.name, Attention(float(scale), nan_to_zero), inputs, pv.outputs, pv.origin)
+    outputs, perm, shape = pv.outputs, (), ()
+    merge = _head_merge(graph, pv)
+    if merge:   # the head merge (a transpose, then a reshape of it) is written by the op itself
+        chain = chain + merge
+        outputs, perm = merge[-1].outputs, tuple(merge[0].op.perm)
+        if len(merge) > 1:
+            shape = tuple(merge[1].op.shape)
+    fused = BasicNode(pv.name, Attention(float(scale), nan_to_zero, perm, shape), inputs, outputs, pv.origin)
     gone = {id(n) for n in chain}
-    for n in chain:
+    for n in chain + [pv]:
         for t in n.outputs:
-            graph.tensors.pop(t, None)
+            if t not in outputs:
+                graph.tensors.pop(t, None)
     graph.nodes = [fused if n is pv else n for n in graph.nodes if id(n) not in gone]
+
+
+def _head_merge(graph: BasicGraph, pv: BasicNode) -> list[BasicNode]:
+    """[the Transpose that alone reads the attention's rank-4 result keeping the head size last
+    (heads merged back: [B, H, S, D] -> [B, S, H, D]), the Reshape that alone reads that, if
+    any], or []: both only relabel what the op can write directly."""
+    consumers, outputs = graph.consumers(), {t.name for t in graph.outputs}
+
+    def only_user(t, kind):
+        users = consumers.get(t, [])
+        if len(users) != 1 or t in outputs or not isinstance(users[0].op, kind):
+            return None
+        return users[0]
+    y = pv.outputs[0]
+    t = only_user(y, Transpose) if len(graph.tensors[y].shape) == 4 else None
+    if t is None or t.op.perm[-1] != 3:
+        return []
+    r = only_user(t.outputs[0], Reshape)
+    return [t] + ([r] if r is not None else [])

@@ -202,7 +202,9 @@ def run_attention(op: B.Attention, args, dtype):
     if op.nan_to_zero:
         p = np.where(np.isnan(p), np.float32(0), p)
     p = p.astype(dtype).astype(np.float32)
-    return (p @ v).astype(dtype)
+    y = (p @ v).astype(dtype)
+    y = np.transpose(y, op.out_perm) if op.out_perm else y
+    return y.reshape(op.out_shape) if op.out_shape else y
 
 
 def run_onnx_fallback(op, args, dtype):

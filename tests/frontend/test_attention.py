@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-from powerfusion.basic import Attention, MatMul
+from powerfusion.basic import Attention, MatMul, Reshape, Transpose
 from powerfusion.frontend import import_model, run_basic_graph
 from powerfusion.frontend.attention import fuse_attention
 
@@ -20,7 +20,7 @@ B, H, S, D = 1, 2, 8, 16
 TOL = 5e-3
 
 
-def _model(dtype=np.float16, guard=False, mask="rows", head=D, extra_use=False):
+def _model(dtype=np.float16, guard=False, mask="rows", head=D, extra_use=False, merge=False):
     """BERT-style (Div by sqrt(D), an additive mask) or, with `guard`, GPT-2-style (a causal
     [S, S] mask and the exporters' where(isnan(p), 0, p))."""
     et = T.FLOAT16 if dtype == np.float16 else T.FLOAT
@@ -40,8 +40,14 @@ def _model(dtype=np.float16, guard=False, mask="rows", head=D, extra_use=False):
     if guard:
         nodes += [h.make_node("IsNaN", ["p"], ["nan"]), h.make_node("Where", ["nan", "zero", "p"], ["pg"])]
         p = "pg"
-    nodes.append(h.make_node("MatMul", [p, "v"], ["y"]))
-    outputs = [h.make_tensor_value_info("y", et, [B, H, S, head])]
+    if merge:   # heads merged back: [B, H, S, D] -> [B, S, H * D]
+        inits.append(nh.from_array(np.array([B, S, H * head], np.int64), "merged"))
+        nodes += [h.make_node("MatMul", [p, "v"], ["o"]), h.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+                  h.make_node("Reshape", ["ot", "merged"], ["y"])]
+        outputs = [h.make_tensor_value_info("y", et, [B, S, H * head])]
+    else:
+        nodes.append(h.make_node("MatMul", [p, "v"], ["y"]))
+        outputs = [h.make_tensor_value_info("y", et, [B, H, S, head])]
     if extra_use:
         outputs.append(h.make_tensor_value_info("p", et, [B, H, S, S]))
     g = h.make_graph(nodes, "attention", [h.make_tensor_value_info(n, et, [B, H, S, head]) for n in "qkv"],
@@ -59,9 +65,10 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-@pytest.mark.parametrize("guard,mask", [(False, "rows"), (True, "causal")])
-def test_fused_attention_matches_the_decomposed_graph(guard, mask):
-    graph = import_model(_model(guard=guard, mask=mask))
+@pytest.mark.parametrize("guard,mask,merge", [(False, "rows", False), (True, "causal", False),
+                                              (True, "causal", True)])
+def test_fused_attention_matches_the_decomposed_graph(guard, mask, merge):
+    graph = import_model(_model(guard=guard, mask=mask, merge=merge))
     want = run_basic_graph(graph, _feeds())["y"]
     fused = copy.deepcopy(graph)
     assert fuse_attention(fused) == 1
@@ -69,6 +76,9 @@ def test_fused_attention_matches_the_decomposed_graph(guard, mask):
     assert att.op.scale == pytest.approx(1 / np.sqrt(D), rel=1e-3) and att.op.nan_to_zero == guard
     assert not any(isinstance(n.op, MatMul) for n in fused.nodes)   # both products are inside
     assert len(att.inputs) == 4                                       # q, k, v and the mask
+    assert att.op.out_perm == ((0, 2, 1, 3) if merge else ())         # the head merge is written by the op
+    assert att.op.out_shape == ((B, S, H * D) if merge else ())
+    assert not merge or not any(isinstance(n.op, (Transpose, Reshape)) for n in fused.nodes)
     assert _rel(run_basic_graph(fused, _feeds())["y"], want) < TOL
 
 
@@ -92,15 +102,16 @@ def test_only_cuda_partitions_get_the_fused_op():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cudnn", [True, False])
-@pytest.mark.parametrize("guard,mask", [(False, "rows"), (True, "causal")])
-def test_attention_on_cuda_matches(cudnn, guard, mask, monkeypatch):
+@pytest.mark.parametrize("guard,mask,merge", [(False, "rows", False), (True, "causal", False),
+                                              (True, "causal", True)])
+def test_attention_on_cuda_matches(cudnn, guard, mask, merge, monkeypatch):
     """cuDNN's fused attention inside the captured graph, or (cuDNN switched off, or a mask
     broadcast over rows, which cuDNN's bias does not take) the cuBLAS + CuPy stand-in."""
     import powerfusion
     from powerfusion.backends.cuda import cudnn_conv
     if not cudnn:
         monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
-    model = _model(guard=guard, mask=mask)
+    model = _model(guard=guard, mask=mask, merge=merge)
     want = run_basic_graph(import_model(model), _feeds())["y"]
     with powerfusion.options.context(cuda_graph=True):
         sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")

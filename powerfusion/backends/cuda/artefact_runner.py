@@ -83,7 +83,8 @@ class ArtefactRunner:
             y = library.matmul(ins[0], ins[1], trans_a=op.trans_a, trans_b=op.trans_b, logical_dtype=logical)
         elif isinstance(op, Attention):
             y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=op.scale,
-                                  nan_to_zero=op.nan_to_zero, logical_dtype=logical)
+                                  nan_to_zero=op.nan_to_zero, out_perm=op.out_perm, out_shape=op.out_shape,
+                                  logical_dtype=logical)
         else:
             import cupy
             x, w = (cupy.moveaxis(a, -1, 1) for a in ins[:2]) if op.channels_last else ins[:2]

@@ -37,6 +37,7 @@ class AttentionShape:
     bias: tuple[int, ...] | None
     dtype: str
     scale: float
+    out_perm: tuple[int, ...] = ()   # the output is stored transposed by it (basic.Attention)
 
     @property
     def out(self) -> tuple[int, ...]:
@@ -71,7 +72,10 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
         if blead not in (1, lead[0] * lead[1]) or (blead != 1 and tuple(b[:-2]) != tuple(q[:-2])):
             return None, f"bias of shape {t[node.inputs[3]].shape} broadcast over some leading axes only"
         bias = (1, 1, *b[-2:]) if blead == 1 else _as_4d(b)
-    return AttentionShape(_as_4d(q), _as_4d(k), _as_4d(v), bias, dtype, float(node.op.scale)), ""
+    perm = tuple(node.op.out_perm)
+    if perm and len(q) != 4:
+        return None, f"an output transpose of a rank-{len(q)} attention"
+    return AttentionShape(_as_4d(q), _as_4d(k), _as_4d(v), bias, dtype, float(node.op.scale), perm), ""
 
 
 class CudnnAttention:
@@ -112,13 +116,22 @@ def _graph(s: AttentionShape, handle_: int):
     if s.bias is not None:
         b = g.tensor(name="Bias", dim=list(s.bias), stride=row(s.bias), data_type=io)
     o, _ = g.sdpa(name="attention", q=q, k=k, v=v, attn_scale=s.scale, bias=b, generate_stats=False)
-    o.set_output(True).set_dim(list(s.out)).set_stride(row(s.out)).set_data_type(io)
+    o.set_output(True).set_dim(list(s.out)).set_stride(_out_strides(s)).set_data_type(io)
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     g.check_support()
     g.build_plans()
     return g, (q, k, v, b, o)
+
+
+def _out_strides(s: AttentionShape) -> list[int]:
+    """Strides of the [B, H, Sq, Dv] result in the memory of its transpose by out_perm."""
+    if not s.out_perm:
+        return cudnn_conv._row_major(s.out)
+    stored = [s.out[a] for a in s.out_perm]
+    row = cudnn_conv._row_major(stored)
+    return [row[s.out_perm.index(a)] for a in range(4)]
 
 
 def _guard_reason(graph, node) -> str:

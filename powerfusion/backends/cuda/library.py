@@ -97,7 +97,7 @@ def matmul(a, b, *, trans_a: bool = False, trans_b: bool = False, logical_dtype:
     return _from_f32(cupy.matmul(_to_f32(a, bits), _to_f32(b, bits)), a, bits)
 
 
-def attention(q, k, v, bias=None, *, scale: float = 1.0, nan_to_zero: bool = False,
+def attention(q, k, v, bias=None, *, scale: float = 1.0, nan_to_zero: bool = False, out_perm=(), out_shape=(),
               logical_dtype: str | None = None):
     """basic.Attention on CuPy arrays, the stand-in where cuDNN does not run it
     (cudnn_attention.py): float32 products and softmax, the probabilities rounded to the
@@ -113,7 +113,9 @@ def attention(q, k, v, bias=None, *, scale: float = 1.0, nan_to_zero: bool = Fal
     if nan_to_zero:
         p = cupy.where(cupy.isnan(p), cupy.float32(0), p)
     p = _to_f32(_from_f32(p, q, bits), bits)
-    return _from_f32(cupy.matmul(p, vf), q, bits)
+    y = _from_f32(cupy.matmul(p, vf), q, bits)
+    y = cupy.transpose(y, out_perm) if out_perm else y
+    return y.reshape(out_shape) if out_shape else y
 
 
 def gemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 1.0, trans_a: bool = False,

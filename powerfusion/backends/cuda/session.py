@@ -184,7 +184,8 @@ class CudaPlanRunner:
                                    logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Attention):
                 y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=node.op.scale,
-                                      nan_to_zero=node.op.nan_to_zero, logical_dtype="bfloat16" if bf16 else None)
+                                      nan_to_zero=node.op.nan_to_zero, out_perm=node.op.out_perm,
+                                      out_shape=node.op.out_shape, logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Conv):
                 import cupy
                 op = node.op
