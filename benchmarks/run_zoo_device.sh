@@ -5,7 +5,7 @@
 #   MODELS=vit_b_16,bert BATCHES=1 DTYPES=fp32 BUDGET_S=480 POWERFUSION_GIT_COMMIT=<sha> bash benchmarks/run_zoo_device.sh
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 POWERFUSION_CACHE_DIR=${POWERFUSION_CACHE_DIR:-/tmp/pf-cache}
-export POWERFUSION_SEARCH_BUDGET_S=${POWERFUSION_SEARCH_BUDGET_S:-2}
+# the search runs with its defaults (a plan-count budget, no wall-clock cap), as a user gets it
 OUT=${OUT:-$(mktemp -d)}
 if ! python3 -c "import cudnn" 2>/dev/null; then
   for w in .whl/nvidia_cudnn_frontend-*.whl; do [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index "$w"; done
