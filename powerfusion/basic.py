@@ -169,11 +169,26 @@ class Attention:
     exporters' guard where(isnan(p), 0, p) has them. out_perm: the output is the result
     transposed by it (rank 4, the head size staying last: heads merged back, [B, S, H, Dv]),
     written so directly (cuDNN's output strides), () for none; out_shape: then reshaped to it
-    (the same bytes: [B * S, H * Dv]), () for none."""
+    (the same bytes: [B * S, H * Dv]), () for none. in_perms: one permutation per Q, K, V (()
+    for none): that operand is its stored tensor, viewed with leading 1s to rank 4, transposed
+    by it (heads split in the stored layout [B, S, H, D], read through cuDNN's strides)."""
     scale: float
     nan_to_zero: bool = False
     out_perm: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = ()
+    in_perms: tuple[tuple[int, ...], ...] = ()
+
+
+def attention_operands(op: Attention, stored):
+    """Q, K, V of an Attention from its stored inputs (numpy or CuPy arrays): each transposed by
+    its in_perm, viewed with leading 1s to that rank first."""
+    out = []
+    for k, x in enumerate(stored):
+        perm = op.in_perms[k] if op.in_perms else ()
+        if perm:
+            x = x.reshape((1,) * (len(perm) - x.ndim) + tuple(x.shape)).transpose(perm)
+        out.append(x)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

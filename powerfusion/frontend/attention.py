@@ -216,7 +216,14 @@ def _last_axis(op: Reduce, rank: int) -> bool:
 
 
 def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero, chain) -> None:
-    inputs = (q, k, v) + ((bias,) if bias is not None else ())
+    stored, in_perms = [], []
+    for t, scaled in ((q, True), (k, True), (v, False)):
+        t, perm, factor, taken = _head_split(graph, t, scaled)
+        stored.append(t)
+        in_perms.append(perm)
+        scale *= factor
+        chain = chain + taken
+    inputs = tuple(stored) + ((bias,) if bias is not None else ())
     outputs, perm, shape = pv.outputs, (), ()
     merge = _head_merge(graph, pv)
     if merge:   # the head merge (a transpose, then a reshape of it) is written by the op itself
@@ -224,13 +231,70 @@ def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero
         outputs, perm = merge[-1].outputs, tuple(merge[0].op.perm)
         if len(merge) > 1:
             shape = tuple(merge[1].op.shape)
-    fused = BasicNode(pv.name, Attention(float(scale), nan_to_zero, perm, shape), inputs, outputs, pv.origin)
+    op = Attention(float(scale), nan_to_zero, perm, shape, tuple(in_perms) if any(in_perms) else ())
+    fused = BasicNode(pv.name, op, inputs, outputs, pv.origin)
     gone = {id(n) for n in chain}
     for n in chain + [pv]:
         for t in n.outputs:
             if t not in outputs:
                 graph.tensors.pop(t, None)
     graph.nodes = [fused if n is pv else n for n in graph.nodes if id(n) not in gone]
+
+
+def _head_split(graph: BasicGraph, t: str, scaled: bool) -> tuple[str, tuple[int, ...], float, list[BasicNode]]:
+    """An operand made by a head split -- Transpose keeping the head size last, then Reshapes
+    that only add or drop leading 1s, then (Q and K) a multiply by a scalar constant, each the
+    only reader of what it reads -- is read from before the split: (the tensor to read, the
+    rank-4 permutation that makes the operand of it (its leading dims padded with 1s), the
+    scalar to fold into the scale, the nodes taken); (t, (), 1.0, []) where there is none."""
+    producer, consumers = graph.producer(), graph.consumers()
+    outputs = {x.name for x in graph.outputs}
+
+    def sole(x, kind):
+        n = producer.get(x)
+        ok = n is not None and isinstance(n.op, kind) and x not in outputs and len(consumers.get(x, [])) == 1
+        return n if ok else None
+    taken, factor, cur = [], 1.0, t
+    m = sole(cur, Elementwise) if scaled else None
+    if m is not None and m.op.fn == "mul":
+        for x, c in (m.inputs, m.inputs[::-1]):
+            value = _constant_scalar(graph, producer, c)
+            if value is not None:
+                taken.append(m)
+                bn = sole(c, Broadcast)
+                if bn is not None:
+                    taken.append(bn)
+                factor, cur = value, x
+                break
+    while (r := sole(cur, Reshape)) is not None and _drops_leading_ones(graph, r):
+        taken.append(r)
+        cur = r.inputs[0]
+    tr = sole(cur, Transpose)
+    rank = len(graph.tensors[t].shape)
+    if tr is None or rank != 4 or tr.op.perm[-1] != len(tr.op.perm) - 1:
+        return t, (), 1.0, []
+    lead = rank - len(tr.op.perm)
+    if lead < 0:
+        return t, (), 1.0, []
+    perm = tuple(range(lead)) + tuple(a + lead for a in tr.op.perm)
+    return tr.inputs[0], perm, factor, taken + [tr]
+
+
+def _constant_scalar(graph: BasicGraph, producer, t: str) -> float | None:
+    n = producer.get(t)
+    src = n.inputs[0] if n is not None and isinstance(n.op, Broadcast) else t
+    c = graph.constants.get(src)
+    if c is None or np.size(c) != 1:
+        return None
+    value = float(np.asarray(c, np.float64).reshape(()))
+    return value if value != 0.0 else None
+
+
+def _drops_leading_ones(graph: BasicGraph, r: BasicNode) -> bool:
+    """A Reshape whose input and output differ only by leading extent-1 axes."""
+    a, b = graph.tensors[r.inputs[0]].shape, graph.tensors[r.outputs[0]].shape
+    strip = lambda s: tuple(s[next((i for i, d in enumerate(s) if d != 1), len(s)):])   # noqa: E731
+    return strip(a) == strip(b)
 
 
 def _head_merge(graph: BasicGraph, pv: BasicNode) -> list[BasicNode]:

@@ -191,7 +191,7 @@ EXECUTORS = {
 def run_attention(op: B.Attention, args, dtype):
     """float32 products and softmax; the probabilities rounded to the operands' type before the
     second product (B.Attention)."""
-    q, k, v = (np.asarray(a, np.float32) for a in args[:3])
+    q, k, v = (np.asarray(a, np.float32) for a in B.attention_operands(op, args[:3]))
     s = (q @ np.swapaxes(k, -1, -2)) * np.float32(op.scale)
     if len(args) > 3:
         s = s + np.asarray(args[3], np.float32)

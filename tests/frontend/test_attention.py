@@ -55,6 +55,41 @@ def _model(dtype=np.float16, guard=False, mask="rows", head=D, extra_use=False, 
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
 
 
+def _split_model():
+    """GPT-2-style head split: q, k, v stored [B, S, H, D], transposed to [B, H, S, D], q and k
+    scaled by s^0.5 each (the exporters' split of the scale), causal mask, heads merged back."""
+    hs = np.array(1 / np.sqrt(np.sqrt(D)), np.float16)
+    causal = np.where(np.tril(np.ones((S, S), bool)), 0.0, -np.inf).astype(np.float16).reshape(1, 1, S, S)
+    inits = [nh.from_array(hs, "hs"), nh.from_array(causal, "mask"),
+             nh.from_array(np.array([B, S, H * D], np.int64), "merged")]
+    nodes = [h.make_node("Transpose", [f"{n}s"], [f"{n}t"], perm=[0, 2, 1, 3]) for n in "qkv"]
+    nodes += [h.make_node("Mul", ["qt", "hs"], ["q"]), h.make_node("Transpose", ["kt"], ["ktt"], perm=[0, 1, 3, 2]),
+              h.make_node("Mul", ["ktt", "hs"], ["kts"]), h.make_node("MatMul", ["q", "kts"], ["sc"]),
+              h.make_node("Add", ["sc", "mask"], ["sm"]), h.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              h.make_node("MatMul", ["p", "vt"], ["o"]), h.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ot", "merged"], ["y"])]
+    g = h.make_graph(nodes, "split", [h.make_tensor_value_info(f"{n}s", T.FLOAT16, [B, S, H, D]) for n in "qkv"],
+                     [h.make_tensor_value_info("y", T.FLOAT16, [B, S, H * D])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _split_feeds():
+    rng = np.random.default_rng(4)
+    return {f"{n}s": rng.standard_normal((B, S, H, D)).astype(np.float16) for n in "qkv"}
+
+
+def test_head_split_and_scale_are_read_through_strides():
+    graph = import_model(_split_model())
+    want = run_basic_graph(graph, _split_feeds())["y"]
+    fused = copy.deepcopy(graph)
+    assert fuse_attention(fused) == 1
+    assert [type(n.op) for n in fused.nodes] == [Attention]     # no transpose or multiply left
+    att = fused.nodes[0]
+    assert att.op.in_perms == ((0, 2, 1, 3),) * 3 and att.inputs[:3] == ("qs", "ks", "vs")
+    assert att.op.scale == pytest.approx(1 / np.sqrt(D), rel=2e-3)   # s^0.5 twice, in fp16
+    assert _rel(run_basic_graph(fused, _split_feeds())["y"], want) < TOL
+
+
 def _feeds(dtype=np.float16, head=D):
     rng = np.random.default_rng(3)
     return {n: rng.standard_normal((B, H, S, head)).astype(dtype) for n in "qkv"}
@@ -98,6 +133,24 @@ def test_only_cuda_partitions_get_the_fused_op():
     assert not any(isinstance(op, Attention) for op in lib(front(_model(), "cpu", CompileOptions())))
     off = front(_model(), "cuda", CompileOptions(attention=False))
     assert not any(isinstance(op, Attention) for op in lib(off))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cudnn", [True, False])
+def test_head_split_on_cuda_matches(cudnn, monkeypatch):
+    """Q, K, V read through cuDNN's strides from their [B, S, H, D] storage, the output written
+    [B, S, H * D]; or the stand-in."""
+    import powerfusion
+    from powerfusion.backends.cuda import cudnn_conv
+    if not cudnn:
+        monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
+    model = _split_model()
+    want = run_basic_graph(import_model(model), _split_feeds())["y"]
+    with powerfusion.options.context(cuda_graph=True):
+        sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
+        got = sess.run(None, _split_feeds())[0]
+    assert (len(sess._executor.attentions) == 1) == cudnn, sess._executor.fallbacks
+    assert _rel(got, want) < TOL
 
 
 @pytest.mark.gpu

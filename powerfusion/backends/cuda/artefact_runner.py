@@ -74,7 +74,7 @@ class ArtefactRunner:
                 k["function"].launch(tuple(k["grid"]), tuple(k["block"]), args, shared_mem=int(k["shared_bytes"]))
             return
         from powerfusion.backends.cuda import library
-        from powerfusion.basic import Attention, MatMul
+        from powerfusion.basic import Attention, MatMul, attention_operands
         _, op, s = step
         ins = [self.constants[t] if t in self.constants else self.tensors[t] for t in s["inputs"]]
         bf16 = self.artefact.plan["tensors"][s["inputs"][0]]["dtype"] == "bfloat16"
@@ -82,7 +82,7 @@ class ArtefactRunner:
         if isinstance(op, MatMul):
             y = library.matmul(ins[0], ins[1], trans_a=op.trans_a, trans_b=op.trans_b, logical_dtype=logical)
         elif isinstance(op, Attention):
-            y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=op.scale,
+            y = library.attention(*attention_operands(op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=op.scale,
                                   nan_to_zero=op.nan_to_zero, out_perm=op.out_perm, out_shape=op.out_shape,
                                   logical_dtype=logical)
         else:

@@ -38,6 +38,7 @@ class AttentionShape:
     dtype: str
     scale: float
     out_perm: tuple[int, ...] = ()   # the output is stored transposed by it (basic.Attention)
+    strides: tuple[tuple[int, ...], ...] = ()   # of Q, K, V where their heads are split in storage
 
     @property
     def out(self) -> tuple[int, ...]:
@@ -58,7 +59,9 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
     dtype = np.dtype(t[node.inputs[0]].dtype).name
     if dtype not in _DTYPES:
         return None, f"dtype {dtype} (cuDNN's attention is used for fp16 and bf16)"
-    q, k, v = (t[n].shape for n in node.inputs[:3])
+    operands = [_operand(t[n].shape, node.op.in_perms[i] if node.op.in_perms else ())
+                 for i, n in enumerate(node.inputs[:3])]
+    (q, qs), (k, ks), (v, vs) = operands
     if not all(d % 8 == 0 and d <= MAX_HEAD for d in (q[-1], v[-1])):
         return None, f"head sizes {q[-1]}, {v[-1]} (cuDNN: multiples of 8 up to {MAX_HEAD})"
     bias = None
@@ -75,7 +78,18 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
     perm = tuple(node.op.out_perm)
     if perm and len(q) != 4:
         return None, f"an output transpose of a rank-{len(q)} attention"
-    return AttentionShape(_as_4d(q), _as_4d(k), _as_4d(v), bias, dtype, float(node.op.scale), perm), ""
+    return AttentionShape(q, k, v, bias, dtype, float(node.op.scale), perm, (qs, ks, vs)), ""
+
+
+def _operand(shape, perm) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(dims [B, H, S, D], strides) of an operand stored as `shape`, transposed by `perm` (the
+    stored tensor viewed with leading 1s to rank 4 first; no perm: row-major)."""
+    if not perm:
+        dims = _as_4d(shape)
+        return dims, tuple(cudnn_conv._row_major(dims))
+    view = (1,) * (len(perm) - len(shape)) + tuple(int(d) for d in shape)
+    row = cudnn_conv._row_major(view)
+    return tuple(view[a] for a in perm), tuple(row[a] for a in perm)
 
 
 class CudnnAttention:
@@ -109,9 +123,10 @@ def _graph(s: AttentionShape, handle_: int):
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                       compute_data_type=cudnn.data_type.FLOAT, handle=handle_)
     row = cudnn_conv._row_major
-    q = g.tensor(name="Q", dim=list(s.q), stride=row(s.q), data_type=io)
-    k = g.tensor(name="K", dim=list(s.k), stride=row(s.k), data_type=io)
-    v = g.tensor(name="V", dim=list(s.v), stride=row(s.v), data_type=io)
+    qs, ks, vs = s.strides or (row(s.q), row(s.k), row(s.v))
+    q = g.tensor(name="Q", dim=list(s.q), stride=list(qs), data_type=io)
+    k = g.tensor(name="K", dim=list(s.k), stride=list(ks), data_type=io)
+    v = g.tensor(name="V", dim=list(s.v), stride=list(vs), data_type=io)
     b = None
     if s.bias is not None:
         b = g.tensor(name="Bias", dim=list(s.bias), stride=row(s.bias), data_type=io)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.errors import PowerFusionError
-from powerfusion.basic import Attention, Conv, MatMul, TypedMatMul
+from powerfusion.basic import Attention, Conv, MatMul, TypedMatMul, attention_operands
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.plan import KernelStep, LibraryStep, Plan
@@ -183,7 +183,7 @@ class CudaPlanRunner:
                 y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
                                    logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Attention):
-                y = library.attention(*ins[:3], ins[3] if len(ins) > 3 else None, scale=node.op.scale,
+                y = library.attention(*attention_operands(node.op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=node.op.scale,
                                       nan_to_zero=node.op.nan_to_zero, out_perm=node.op.out_perm,
                                       out_shape=node.op.out_shape, logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Conv):
