@@ -91,15 +91,24 @@ def render(data) -> str:
         lines.append(f"| {k[0]} x {k[1]} | " + " | ".join(
             f"{c['time_us']:.1f} / {c['speedup']:.2f}x / {c['frac_copy_bw']:.2f}" if (c := cells.get(s)) else "-"
             for s in shapes) + " |")
+    return "\n".join(lines + errors(data, lambda r: f"{r['A']} x {r['W']}")) + "\n"
+
+
+def errors(data, describe) -> list[str]:
+    """The markdown lines listing the runs that failed (at most 20), `describe(row)` naming each."""
     errs = [r for r in data["rows"] if "error" in r]
-    if errs:
-        lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {r['A']} x {r['W']}: {r['error']}"
-                                          for r in errs[:20]]
-    return "\n".join(lines) + "\n"
+    if not errs:
+        return []
+    return ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {describe(r)}: {r['error']}" for r in errs[:20]]
+
+
+def main(render_fn) -> None:
+    """`python SCRIPT RESULTS.json`: writes RESULTS.md beside it and prints it."""
+    src = Path(sys.argv[1])
+    text = render_fn(json.loads(src.read_text()))
+    src.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
-    src = Path(sys.argv[1])
-    text = render(json.loads(src.read_text()))
-    src.with_suffix(".md").write_text(text)
-    print(text)
+    main(render)

@@ -5,11 +5,13 @@ default, W4A16 per shape (default, best candidate tile, the paths that ran befor
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarize import errors, main
 
 TARGETS = {16: 1.5, 256: 1.0}   # 4-bit weights, geomean over the shapes
 
@@ -96,15 +98,8 @@ def render(data) -> str:
             ranked = sorted(per.items(), key=lambda kv: (not kv[0][0], -_geo(kv[1])))
             lines.append(f"| {m} | " + ", ".join(f"{t}: {_geo(v):.2f}x" + (f" ({len(v)} shapes)" if len(v) < len(shapes) else "")
                                                   for (_, t), v in ranked) + " |")
-    errs = [r for r in data["rows"] if "error" in r]
-    if errs:
-        lines += ["", "## Errors", ""] + [f"- M={r['M']} {r['N']}x{r['K']} {_key(r)} {r['config']}: {r['error']}"
-                                          for r in errs[:20]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + errors(data, lambda r: f"{_key(r)} {r['config']}")) + "\n"
 
 
 if __name__ == "__main__":
-    src = Path(sys.argv[1])
-    text = render(json.loads(src.read_text()))
-    src.with_suffix(".md").write_text(text)
-    print(text)
+    main(render)
