@@ -137,7 +137,56 @@ def convert_gather(cx: NodeCtx):
     axis = cx.axis(cx.attr("axis", 0), len(data))
     _check_constant_indices(cx, data[axis])
     shape = data[:axis] + ind + data[axis + 1:]
+    idx = cx.const(1)
+    if idx is not None and np.ndim(idx) == 0:
+        _select(cx, cx.inp(0), axis, int(idx) % data[axis], shape)
+        return
     cx.emit(Gather(axis), [cx.inp(0), cx.inp(1)], shape, cx.dtype(0), out=cx.out())
+
+
+def _select(cx: NodeCtx, data: str, axis: int, i: int, shape) -> None:
+    """Gather at one constant index: a Slice of extent 1 and a Reshape dropping the axis (a
+    Slice is a plain strided read to the kernels; a Gather loads its index). Where the data is
+    a Transpose (behind a Reshape that only drops or adds extent-1 axes), the slice is taken
+    before the transpose, which then often moves extent-1 axes only and becomes a Reshape:
+    ViT's unbind of its packed QKV (Transpose(3, 1, 2, 0, 4), squeeze, Gather 0 / 1 / 2)
+    becomes three strided slices of the QKV rows."""
+    src, src_axis, perm = _through_transpose(cx, data, axis)
+    if perm is not None:
+        x = cx.info(src).shape
+        starts, stops = [0] * len(x), list(x)
+        starts[src_axis], stops[src_axis] = i, i + 1
+        sliced = cx.emit(Slice(tuple(starts), tuple(stops), (1,) * len(x)), [src],
+                         tuple(1 if a == src_axis else d for a, d in enumerate(x)), cx.dtype(0))
+        cx.reshape(cx.transpose(sliced, perm), shape, out=cx.out())
+        return
+    d = cx.info(data).shape
+    starts, stops = [0] * len(d), list(d)
+    starts[axis], stops[axis] = i, i + 1
+    sliced = cx.emit(Slice(tuple(starts), tuple(stops), (1,) * len(d)), [data],
+                     tuple(1 if a == axis else n for a, n in enumerate(d)), cx.dtype(0))
+    cx.reshape(sliced, shape, out=cx.out())
+
+
+def _through_transpose(cx: NodeCtx, data: str, axis: int):
+    """(the Transpose's input, the axis of it that `axis` of `data` is, the perm) where `data` is
+    a Transpose's output, or a Reshape of one that only drops or adds extent-1 axes; else
+    (data, axis, None)."""
+    from powerfusion.basic import Reshape, Transpose
+    node = next((n for n in reversed(cx.b.nodes) if data in n.outputs), None)
+    t_axis = axis
+    if node is not None and isinstance(node.op, Reshape):
+        inner = cx.info(node.inputs[0]).shape
+        outer = cx.info(data).shape
+        big_in = [a for a, n in enumerate(inner) if n != 1]
+        big_out = [a for a, n in enumerate(outer) if n != 1]
+        if [inner[a] for a in big_in] != [outer[a] for a in big_out] or axis not in big_out:
+            return data, axis, None
+        t_axis = big_in[big_out.index(axis)]
+        node = next((n for n in reversed(cx.b.nodes) if node.inputs[0] in n.outputs), None)
+    if node is None or not isinstance(node.op, Transpose):
+        return data, axis, None
+    return node.inputs[0], node.op.perm[t_axis], node.op.perm
 
 
 def _check_constant_indices(cx: NodeCtx, n: int) -> None:

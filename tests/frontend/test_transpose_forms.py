@@ -66,3 +66,24 @@ def test_scaled_k_transpose_is_read_through_the_matmul_flag(scale_both):
     want = ((q * (0.35 if scale_both else 1.0)) @ (k.transpose(0, 2, 1) * np.float32(0.35))).reshape(1, 2, 5, 5)
     got = run_basic_graph(graph, {"q": q, "k": k})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # float32, same products, one reordering
+
+
+@pytest.mark.parametrize("index", [0, 2, -1])
+def test_constant_gather_of_a_transpose_is_a_slice_before_it(index):
+    """ViT's unbind of a packed QKV: Transpose(3, 1, 2, 0, 4) -> squeeze -> Gather(0, i) reads the
+    i-th third of each row: a Slice of the transpose's input, no Gather and no data-moving
+    Transpose left."""
+    from onnx import numpy_helper as nh
+    from powerfusion.frontend import run_basic_graph
+    inits = [nh.from_array(np.array([3, 5, 1, 8], np.int64), "sq"), nh.from_array(np.array(index, np.int64), "i")]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[3, 1, 2, 0, 4]),
+             helper.make_node("Reshape", ["t", "sq"], ["s"]),
+             helper.make_node("Gather", ["s", "i"], ["y"], axis=0)]
+    g = helper.make_graph(nodes, "unbind", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 1, 3, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 8])], inits)
+    graph = import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9))
+    kinds = {type(n.op) for n in graph.nodes}
+    assert B.Gather not in kinds and B.Transpose not in kinds and B.Slice in kinds
+    x = np.random.default_rng(0).standard_normal((1, 5, 1, 3, 8)).astype(np.float32)
+    want = x.transpose(3, 1, 2, 0, 4).reshape(3, 5, 1, 8)[index]
+    np.testing.assert_array_equal(run_basic_graph(graph, {"x": x})["y"], want)   # a pure move: exact
