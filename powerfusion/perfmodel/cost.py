@@ -38,9 +38,11 @@ LOOP_ILP = 4         # nvcc unrolls a simple loop by 4
 ISSUE_WARPS = 8      # resident warps per SM needed to keep the ALUs busy
 PER_SM_SHARE = 4.0   # one SM can pull at most this multiple of its even share of cache bandwidth
 SUMEXP_FLOPS = 12    # reduce(sumexp) per element: an exp (scalar.py counts 8), compares, an add
-# a WARP / BLOCK exchange (store to shared memory, sync, load back in another lane layout) is a
+# a WARP exchange (store to shared memory, sync, load back in another lane layout) is a
 # dependent step in every unit's path: exposed once per kernel, like a memory phase, at this
-# fraction of the memory latency. Measured on the H200 (GPT-2 / ViT-B/16 fp16 residual +
+# fraction of the memory latency (a BLOCK barrier after staged global loads is charged as a
+# phase below already; charging it here too moved ConvNeXt's 14x14 / 28x28 depthwise convs off
+# the stencil that measured fastest, benchmarks/results/gir-dwconv.md). Measured on the H200 (GPT-2 / ViT-B/16 fp16 residual +
 # LayerNorm over 128-197 rows of 768, benchmarks/results/perfmodel-accuracy.md): plans with
 # 0 / 2 / 3 / 4 such exchanges ran 3.4 / 4.05 / 4.2-4.9 / 4.6 us, ~0.3 us each, where the
 # model had charged 0.01 us and picked a 2-exchange plan over the plan without any.
@@ -208,7 +210,7 @@ def _kernel_estimate(graph: GIRGraph, ops: tuple[GOp, ...], t: TargetSpec, spill
         if isinstance(op.args, Sync):
             est = est + _sync_estimate(op, graph, lim, t)
             pending_sync = pending_sync or op.args.scope >= 1
-            if t.memory and op.args.scope in (Scope.WARP, Scope.BLOCK) and (op.inputs or op.outputs):
+            if t.memory and op.args.scope == Scope.WARP and (op.inputs or op.outputs):
                 est = est + Estimate(latency_s=EXCHANGE_LATENCY * t.memory.latency_s)
             if staged and op.args.scope >= 2:
                 # a group waits at the barrier for the global loads staged before it: their
