@@ -38,6 +38,7 @@ from powerfusion.gir.interpreter import np_dtype
 FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
 CONV_TILE_MIN_COLUMNS = 256
+DW_BUFFER_BYTES = 96 * 1024    # a depthwise strip's gathered input rows: within a core's L2
 
 
 @dataclass(frozen=True)
@@ -200,19 +201,37 @@ def add_conv(b: RunBuilder, node, k: int) -> str | None:
         return "channels and groups disagree"
     direct = c == grp or m // grp <= 4   # as PF_DIRECT_MAX_OUTPUTS in driver.h
     pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
-    # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
-    # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
-    rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
     nbuf = threads()
+    if c == grp == m:   # depthwise: channel blocks over strips of `rows` output rows (driver.h)
+        rows, scratch = depthwise_strips(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
+        scratch *= nbuf
+    else:
+        # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
+        # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
+        rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
+        scratch = 0 if direct or pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
-    cols = "0" if direct or pointwise else f"T[{b.table.static(np.empty(c * kh * kw * max(nbuf * rows * ow, oh * ow), dt))}]"
+    cols = f"T[{b.table.static(np.empty(scratch, dt))}]" if scratch else "0"
     ctype = "float" if dt == np.float32 else "double"
     b.decls.append(f"static const pf_conv_shape pf_c{k} = {{{', '.join(str(int(v)) for v in s)}}};")
     b.lines.append(f"pf_conv2d_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
                    f"({ctype} *){b.result(node.outputs[0])}, ({ctype} *){cols});")
     return None
+
+
+def depthwise_strips(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> tuple[int, int]:
+    """Output rows per strip of driver.h's channel-blocked depthwise conv (its padded input rows,
+    CB channels interleaved, within DW_BUFFER_BYTES where one output row allows) and the scratch
+    elements one thread needs: those rows, the taps' weights, an output row, one vector to align."""
+    (sh, sw), (dh, dw) = strides, dilations
+    vec = 64   # bytes: CB channels of one vector
+    cols = (ow - 1) * sw + (kw - 1) * dw + 1
+    span = (kh - 1) * dh + 1
+    rows = min(oh, max(1, (DW_BUFFER_BYTES // (cols * vec) - span) // sh + 1))
+    vectors = ((rows - 1) * sh + span) * cols + kh * kw + ow + 1
+    return rows, vectors * vec // itemsize
 
 
 def step_name(step) -> str:
