@@ -4,6 +4,7 @@
    by rows (or columns) over the OpenMP threads, each calling a single-threaded BLAS: the
    driver sets the BLAS to one thread for the run, as the per-step path does. */
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #ifdef _OPENMP
@@ -109,12 +110,34 @@ PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
    computed directly over blocks of channels (cols: their buffers); other grouped ones with one
    input channel a group or few output channels a group (a GEMM of a few rows runs far below
    the BLAS's speed) directly too, an output row a job. */
+/* An activation applied to a convolution's outputs while they are in cache, in place of the
+   memory-bound subgraph that followed it (driver.py, conv_activation): y = clamp(x * a + b, lo, hi)
+   (x itself where not `affine`), times x where `mul` (hard-swish). NaN passes through, as in the
+   kernels it replaces. */
+typedef struct { int affine, mul; double a, b, lo, hi; } pf_act;
+#define PF_DEFINE_ACT(NAME, T)                                                                       \
+static void NAME(const pf_act *e, T *restrict y, long long count) {                                  \
+  if (!e) return;                                                                                    \
+  T a = (T)e->a, b = (T)e->b, lo = (T)e->lo, hi = (T)e->hi;                                          \
+  if (e->mul)                                                                                        \
+    for (long long i = 0; i < count; ++i) {                                                          \
+      T x = y[i], t = x * a + b;                                                                     \
+      y[i] = x * (t < lo ? lo : (t > hi ? hi : t));                                                  \
+    }                                                                                                \
+  else if (e->affine)                                                                                \
+    for (long long i = 0; i < count; ++i) { T t = y[i] * a + b; y[i] = t < lo ? lo : (t > hi ? hi : t); } \
+  else                                                                                               \
+    for (long long i = 0; i < count; ++i) { T t = y[i]; y[i] = t < lo ? lo : (t > hi ? hi : t); }   \
+}
+PF_DEFINE_ACT(pf_act_f32, float)
+PF_DEFINE_ACT(pf_act_f64, double)
+
 #define PF_DIRECT_MAX_OUTPUTS 4
 typedef struct {
   long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw, rows, nbuf;
 } pf_conv_shape;
 
-#define PF_DEFINE_CONV(NAME, T, GEMM)                                                                \
+#define PF_DEFINE_CONV(NAME, T, GEMM, ACT)                                                          \
 /* depthwise (one input channel a group, one output channel each): channel-blocked. A job is a      \
    block of CB channels (one 64-byte vector of T) over a strip of output rows: it gathers the       \
    strip's input rows into a zero-padded, channel-interleaved buffer xb[row][col][CB] (a vector     \
@@ -125,7 +148,7 @@ typedef struct {
    previous row-direct and padded-plane paths). Strips of s->rows output rows keep xb within        \
    driver.py's DW_BUFFER_BYTES; `scratch` holds s->nbuf threads' buffers. */          \
 static void NAME##_dw_blocked(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,    \
-                             const T *restrict bias, T *restrict y, T *scratch) {                   \
+                             const T *restrict bias, T *restrict y, T *scratch, const pf_act *act) { \
   enum { CB = 64 / sizeof(T) };                                                                     \
   typedef T vec __attribute__((vector_size(64)));                                                   \
   long long taps = s->kh * s->kw, blocks = (s->c + CB - 1) / CB, plane = s->h * s->w;               \
@@ -192,14 +215,15 @@ static void NAME##_dw_blocked(const pf_conv_shape *s, const T *restrict x, const
         for (long long c = 0; c < nc; ++c) {                                                        \
           T *yp = y + ((img * s->c + c0 + c) * s->oh + oi) * s->ow;                                 \
           for (long long o = 0; o < s->ow; ++o) yp[o] = ys[o * CB + c];                             \
+          ACT(act, yp, s->ow);                                                                      \
         }                                                                                           \
       }                                                                                             \
     }                                                                                               \
   }                                                                                                 \
 }                                                                                                   \
 /* direct: one output row per job, its group's input channels and taps accumulated along the row */ \
-static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,         \
-                          const T *restrict bias, T *restrict y) {                                   \
+static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,        \
+                          const T *restrict bias, T *restrict y, const pf_act *act) {               \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   int big = s->n * s->m * plane * cg * taps >= PF_PARALLEL_ELEMENTS;                                 \
   /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
@@ -227,10 +251,11 @@ static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *
           T wv = wp[ki * s->kw + kj];                                                                \
           long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                             \
           if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj + jo]; }     \
-          else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }        \
-        }                                                                                            \
-      }                                                                                              \
-    }                                                                                                \
+          else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }       \
+        }                                                                                           \
+      }                                                                                             \
+    }                                                                                               \
+    ACT(act, yr, s->ow);                                                                            \
   }                                                                                                  \
 }                                                                                                    \
 /* output row oi's part of the im2col matrix: cols[ch*taps + tap][(oi-r0)*ow + oj], `width`    \
@@ -259,9 +284,10 @@ static void NAME##_im2col_rows(const pf_conv_shape *s, const T *xi, long long oi
                                long long plane) {                                                    \
   NAME##_im2col_row(s, xi, oi, 0, cols, plane);                                                      \
 }                                                                                                    \
-static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols) {   \
-  if (s->c == s->g && s->m == s->c) { NAME##_dw_blocked(s, x, wt, bias, y, cols); return; }         \
-  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y); return; } \
+static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols,     \
+                 const pf_act *act) {                                                               \
+  if (s->c == s->g && s->m == s->c) { NAME##_dw_blocked(s, x, wt, bias, y, cols, act); return; }    \
+  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y, act); return; } \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   long long k = cg * taps, blocks = (s->oh + s->rows - 1) / s->rows;                                 \
   int big = 2.0 * s->n * s->m * plane * k >= PF_SPLIT_FLOPS;                                         \
@@ -273,8 +299,9 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < plane; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, xi + gi * k * plane, plane, bias ? (T)1 : (T)0,\
-             yi + gi * mg * plane, plane, 1);                                                        \
+        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, xi + gi * k * plane, plane, bias ? (T)1 : (T)0, \
+             yi + gi * mg * plane, plane, 1);                                                       \
+      ACT(act, yi, s->m * plane);                                                                   \
     }                                                                                                \
     return;                                                                                          \
   }                                                                                                  \
@@ -289,8 +316,9 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < plane; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, cols + gi * k * plane, plane,                  \
-             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 1);                                    \
+        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, cols + gi * k * plane, plane,                 \
+             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 1);                                   \
+      ACT(act, yi, s->m * plane);                                                                   \
     }                                                                                                \
     return;                                                                                          \
   }                                                                                                  \
@@ -310,13 +338,15 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < width; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, width, k, wt + gi * mg * k, k, mine + gi * k * width, width,                  \
-             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 0);                                    \
+        GEMM(0, 0, mg, width, k, wt + gi * mg * k, k, mine + gi * k * width, width,                 \
+             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 0);                                   \
+      if (act)   /* the block, while it is in cache */                                              \
+        for (long long o = 0; o < s->m; ++o) ACT(act, yi + o * plane, width);                       \
     }                                                                                                \
   }                                                                                                  \
 }
-PF_DEFINE_CONV(pf_conv2d_f32, float, pf_gemm_f32)
-PF_DEFINE_CONV(pf_conv2d_f64, double, pf_gemm_f64)
+PF_DEFINE_CONV(pf_conv2d_f32, float, pf_gemm_f32, pf_act_f32)
+PF_DEFINE_CONV(pf_conv2d_f64, double, pf_gemm_f64, pf_act_f64)
 
 /* The BLAS on one thread for the run (its own threads would wait for each other at every
    step); the previous count is restored after. */
