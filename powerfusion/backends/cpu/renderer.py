@@ -218,8 +218,11 @@ def render_module(graph: GIRGraph, renderer: CPURenderer | None = None) -> tuple
     order = module_buffers(kernels)
     parts = []
     for ks, ops in zip(kernels, graph.kernels()):
-        work = graph.parallel.units * sum(s.num * s.width for op in ops for s in op.inputs + op.outputs)
-        parts.append(f"#define PF_PARALLEL_{ks.name} {int(work >= PARALLEL_MIN_ELEMENTS)}\n{ks.source}")
+        # the kernel's own (live) units, not the graph's: a one-unit bias add after a GEMV over
+        # 1024 units forked threads for nothing (5 us a call with passive waiting)
+        units = ks.grid[0]
+        work = units * sum(s.num * s.width for op in ops for s in op.inputs + op.outputs)
+        parts.append(f"#define PF_PARALLEL_{ks.name} {int(units > 1 and work >= PARALLEL_MIN_ELEMENTS)}\n{ks.source}")
     calls = []
     for ks in kernels:
         args = [f"({_param_type(ks, name)})b[{order.index(name)}]" for name, _, _ in ks.params]
