@@ -260,26 +260,36 @@ static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *
 }                                                                                                    \
 /* output row oi's part of the im2col matrix: cols[ch*taps + tap][(oi-r0)*ow + oj], `width`    \
    columns a row of the matrix (r0: the first output row the matrix holds) */                        \
-static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi, long long r0,       \
-                              T *cols, long long width) {                                            \
-  long long taps = s->kh * s->kw;                                                                    \
-  for (long long r = 0; r < s->c * taps; ++r) {                                                      \
-    long long ch = r / taps, ki = (r % taps) / s->kw, kj = r % s->kw;                                \
-    long long jo = kj * s->dw - s->pw;                                                               \
-    long long lo = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                          \
-    long long hi = (s->w - jo + s->sw - 1) / s->sw;                                                  \
-    if (hi > s->ow) hi = s->ow;                                                                      \
-    if (lo > hi) lo = hi;                                                                            \
-    long long ii = oi * s->sh - s->ph + ki * s->dh;                                                  \
-    T *orow = cols + r * width + (oi - r0) * s->ow;                                                  \
-    if (ii < 0 || ii >= s->h) { memset(orow, 0, sizeof(T) * s->ow); continue; }                      \
-    const T *xr = xi + ch * s->h * s->w + ii * s->w;                                                 \
-    for (long long oj = 0; oj < lo; ++oj) orow[oj] = (T)0;                                           \
-    if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj + jo]; }               \
-    else { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj * s->sw + jo]; }                  \
-    for (long long oj = hi; oj < s->ow; ++oj) orow[oj] = (T)0;                                       \
-  }                                                                                                  \
-}                                                                                                    \
+static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi, long long r0,      \
+                              T *cols, long long width) {                                           \
+  /* each tap column's valid output range once, and the rows as nested loops: three divisions       \
+     a matrix row made an 8-output 7x7 stride-2 convolution over 64x64 mostly division */           \
+  long long los[s->kw], his[s->kw];                                                                 \
+  for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
+    long long jo = kj * s->dw - s->pw;                                                              \
+    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                              \
+    his[kj] = (s->w - jo + s->sw - 1) / s->sw;                                                      \
+    if (his[kj] > s->ow) his[kj] = s->ow;                                                           \
+    if (los[kj] > his[kj]) los[kj] = his[kj];                                                       \
+  }                                                                                                 \
+  T *orow = cols + (oi - r0) * s->ow;                                                               \
+  for (long long ch = 0; ch < s->c; ++ch)                                                           \
+    for (long long ki = 0; ki < s->kh; ++ki) {                                                      \
+      long long ii = oi * s->sh - s->ph + ki * s->dh;                                               \
+      if (ii < 0 || ii >= s->h) {                                                                   \
+        for (long long kj = 0; kj < s->kw; ++kj, orow += width) memset(orow, 0, sizeof(T) * s->ow); \
+        continue;                                                                                   \
+      }                                                                                             \
+      const T *xr = xi + ch * s->h * s->w + ii * s->w;                                              \
+      for (long long kj = 0; kj < s->kw; ++kj, orow += width) {                                     \
+        long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                              \
+        for (long long oj = 0; oj < lo; ++oj) orow[oj] = (T)0;                                      \
+        if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj + jo]; }          \
+        else { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj * s->sw + jo]; }             \
+        for (long long oj = hi; oj < s->ow; ++oj) orow[oj] = (T)0;                                  \
+      }                                                                                             \
+    }                                                                                               \
+}                                                                                                   \
 static void NAME##_im2col_rows(const pf_conv_shape *s, const T *xi, long long oi, T *cols,           \
                                long long plane) {                                                    \
   NAME##_im2col_row(s, xi, oi, 0, cols, plane);                                                      \
