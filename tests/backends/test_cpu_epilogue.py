@@ -1,8 +1,9 @@
 """Activations applied by the cpu driver's convolutions (backends/cpu/epilogue.py): a Conv
-followed by a subgraph that only applies ReLU, Clip, HardSigmoid or HardSwish to its output
-applies it itself, on every convolution path of driver.h (1x1 GEMM, tiled and whole-plane
-im2col, channel-blocked depthwise, direct), and the result matches onnxruntime within 1e-5 of
-the output's largest magnitude (summation order only). Where the convolution's output is read
+followed by a subgraph that only applies ReLU, Clip, HardSigmoid, HardSwish, Sigmoid or SiLU
+to its output applies it itself, on every convolution path of driver.h (1x1 GEMM, tiled and
+whole-plane im2col, channel-blocked depthwise, direct), and the result matches onnxruntime
+within 1e-5 of the convolution's largest output magnitude (summation order, and the inline
+float32 exp within 2 ulp). Where the convolution's output is read
 elsewhere too, or is a model output, the subgraph runs as before.
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ ACTIVATIONS = {
     "relu6": lambda y, z: [helper.make_node("Clip", [y, "lo", "hi"], [z])],
     "hardsigmoid": lambda y, z: [helper.make_node("HardSigmoid", [y], [z], alpha=0.25, beta=0.4)],
     "hardswish": lambda y, z: [helper.make_node("HardSwish", [y], [z])],
+    "sigmoid": lambda y, z: [helper.make_node("Sigmoid", [y], [z])],
+    "silu": lambda y, z: [helper.make_node("Sigmoid", [y], ["s"]), helper.make_node("Mul", [y, "s"], [z])],
 }
 CONVS = {   # x shape, w shape, stride, pad, group: each takes a different path of driver.h
     "pointwise": ((1, 16, 9, 9), (24, 16, 1, 1), 1, 0, 1),

@@ -33,7 +33,7 @@ FLAT_MIN_SLOTS = 32   # register tiles at least this large loop flat over their 
 # a kernel that touches fewer elements than this runs on one thread (fork-join costs microseconds)
 PARALLEL_MIN_ELEMENTS = 1 << 20
 
-_HELPERS = r"""#include <math.h>
+C_HELPERS = r"""#include <math.h>
 #include <stdint.h>
 #include <stdbool.h>
 #include <string.h>
@@ -128,7 +128,7 @@ class CPURenderer(CRenderer):
     lanes = 1
     extension = ".c"
     kernel_prefix = "PF_KERNEL"   # external in a plan's .c files; static inside a module
-    header = _HELPERS
+    header = C_HELPERS
     barrier = "/* block barrier: program order */ (void)0"
     warp_sync = "(void)0"
     shared = ""

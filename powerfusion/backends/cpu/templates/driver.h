@@ -112,14 +112,19 @@ PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
    the BLAS's speed) directly too, an output row a job. */
 /* An activation applied to a convolution's outputs while they are in cache, in place of the
    memory-bound subgraph that followed it (driver.py, conv_activation): y = clamp(x * a + b, lo, hi)
-   (x itself where not `affine`), times x where `mul` (hard-swish). NaN passes through, as in the
-   kernels it replaces. */
-typedef struct { int affine, mul; double a, b, lo, hi; } pf_act;
-#define PF_DEFINE_ACT(NAME, T)                                                                       \
+   (x itself where not `affine`), or sigmoid(x) where `sigmoid`; times x where `mul` (hard-swish,
+   SiLU). NaN passes through, as in the kernels it replaces; float32's exp is the generated
+   kernels' inline pf_expf (renderer.py's C_HELPERS, which the driver's source starts with). */
+typedef struct { int affine, mul, sigmoid; double a, b, lo, hi; } pf_act;
+#define PF_DEFINE_ACT(NAME, T, EXP)                                                                  \
 static void NAME(const pf_act *e, T *restrict y, long long count) {                                  \
   if (!e) return;                                                                                    \
   T a = (T)e->a, b = (T)e->b, lo = (T)e->lo, hi = (T)e->hi;                                          \
-  if (e->mul)                                                                                        \
+  if (e->sigmoid && e->mul)                                                                          \
+    for (long long i = 0; i < count; ++i) { T x = y[i]; y[i] = x * ((T)1 / ((T)1 + EXP(-x))); }     \
+  else if (e->sigmoid)                                                                               \
+    for (long long i = 0; i < count; ++i) y[i] = (T)1 / ((T)1 + EXP(-y[i]));                         \
+  else if (e->mul)                                                                                   \
     for (long long i = 0; i < count; ++i) {                                                          \
       T x = y[i], t = x * a + b;                                                                     \
       y[i] = x * (t < lo ? lo : (t > hi ? hi : t));                                                  \
@@ -129,8 +134,8 @@ static void NAME(const pf_act *e, T *restrict y, long long count) {             
   else                                                                                               \
     for (long long i = 0; i < count; ++i) { T t = y[i]; y[i] = t < lo ? lo : (t > hi ? hi : t); }   \
 }
-PF_DEFINE_ACT(pf_act_f32, float)
-PF_DEFINE_ACT(pf_act_f64, double)
+PF_DEFINE_ACT(pf_act_f32, float, pf_expf)
+PF_DEFINE_ACT(pf_act_f64, double, exp)
 
 #define PF_DIRECT_MAX_OUTPUTS 4
 typedef struct {
