@@ -3,8 +3,8 @@ followed by a subgraph that only applies ReLU, Clip, HardSigmoid, HardSwish, Sig
 to its output applies it itself, on every convolution path of driver.h (1x1 GEMM, tiled and
 whole-plane im2col, channel-blocked depthwise, direct), and the result matches onnxruntime
 within 1e-5 of the convolution's largest output magnitude (summation order, and the inline
-float32 exp within 2 ulp). Where the convolution's output is read
-elsewhere too, or is a model output, the subgraph runs as before.
+float32 exp within 2 ulp). Where the convolution's output is read elsewhere too, or is a
+model output, the subgraph runs as before.
 """
 from __future__ import annotations
 
