@@ -155,10 +155,15 @@ class InferenceSession:
         self.partition = None
         self._executor = self.artefact.make_executor(self.options)
 
-    def _run_cpu(self, feeds):
+    def _run_cpu(self, feeds, every_tensor: bool = False):
         from powerfusion.ort_api import intra_op_threads
+        plan = self.cpu_plan
+        if every_tensor and plan is not None and plan.pieces is not None:
+            # step by step: a convolution of the driver that applies the activation after it
+            # (backends/cpu/epilogue.py) never makes its own output
+            plan = dataclasses.replace(plan, pieces=None)
         with intra_op_threads(self.options.intra_op_threads):
-            return execute_partition(self.partition, feeds, self._profile, self.cpu_plan)
+            return execute_partition(self.partition, feeds, self._profile, plan)
 
     @property
     def profile(self) -> list[tuple[str, float]]:
@@ -259,7 +264,7 @@ class InferenceSession:
         with self._lock:
             if hasattr(self._executor, "all_tensors"):   # cuda: every step's outputs, copied to the host
                 return self._executor.all_tensors(feeds)
-            return self._run_cpu(feeds)
+            return self._run_cpu(feeds, every_tensor=True)
 
     def validate_feeds(self, input_feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check names, shapes and dtypes of the feeds; a FeedError names the input and both sides."""

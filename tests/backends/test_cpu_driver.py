@@ -91,6 +91,9 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((2, 16, 64, 60), (16, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),    # tiled im2col, dilated
     ((1, 16, 33, 31), (24, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),     # tiled, strided, uneven
     ((1, 16, 20, 20), (1, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # one output channel: direct
+    ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise blocks: a partial one
+    ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise: many row strips
+    ((1, 17, 90, 47), (17, 1, 3, 3), (1, 2), (0, 1, 2, 0), (2, 1), 17, False),    # strips, dilated, uneven pads
 ])
 def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilations, group, bias):
     import onnxruntime as ort

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from powerfusion.backends.cpu.epilogue import Activation, conv_activation
 from powerfusion.backends.cpu.library import threads
 from powerfusion.basic import BasicGraph, Conv, MatMul, Subgraph
 from powerfusion.frontend.index_check import check_gathers, gather_nodes
@@ -38,6 +39,7 @@ from powerfusion.gir.interpreter import np_dtype
 FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
 CONV_TILE_MIN_COLUMNS = 256
+DW_BUFFER_BYTES = 96 * 1024    # a depthwise strip's gathered input rows: within a core's L2
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,9 @@ def add_matmul(b: RunBuilder, node, k: int) -> str | None:
     return None
 
 
-def add_conv(b: RunBuilder, node, k: int) -> str | None:
+def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes: str | None = None) -> str | None:
+    """Append a 2-D Conv; with `act`, it applies that activation and writes tensor `writes`
+    (the fused subgraph's output) instead of its own output."""
     g, op = b.graph, node.op
     x, w, out = g.tensors[node.inputs[0]], g.tensors[node.inputs[1]], g.tensors[node.outputs[0]]
     dtypes = {np.dtype(g.tensors[t].dtype) for t in (*node.inputs, node.outputs[0])}
@@ -200,27 +204,49 @@ def add_conv(b: RunBuilder, node, k: int) -> str | None:
         return "channels and groups disagree"
     direct = c == grp or m // grp <= 4   # as PF_DIRECT_MAX_OUTPUTS in driver.h
     pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
-    # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
-    # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
-    rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
     nbuf = threads()
+    if c == grp == m:   # depthwise: channel blocks over strips of `rows` output rows (driver.h)
+        rows, scratch = depthwise_strips(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
+        scratch *= nbuf
+    else:
+        # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
+        # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
+        rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
+        scratch = 0 if direct or pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
-    cols = "0" if direct or pointwise else f"T[{b.table.static(np.empty(c * kh * kw * max(nbuf * rows * ow, oh * ow), dt))}]"
+    cols = f"T[{b.table.static(np.empty(scratch, dt))}]" if scratch else "0"
     ctype = "float" if dt == np.float32 else "double"
     b.decls.append(f"static const pf_conv_shape pf_c{k} = {{{', '.join(str(int(v)) for v in s)}}};")
+    if act is not None:
+        b.decls.append(f"static const pf_act pf_e{k} = {act.c_initializer()};")
     b.lines.append(f"pf_conv2d_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
-                   f"({ctype} *){b.result(node.outputs[0])}, ({ctype} *){cols});")
+                   f"({ctype} *){b.result(writes or node.outputs[0])}, ({ctype} *){cols}, "
+                   f"{f'&pf_e{k}' if act is not None else '0'});")
     return None
+
+
+def depthwise_strips(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> tuple[int, int]:
+    """Output rows per strip of driver.h's channel-blocked depthwise conv (its padded input rows,
+    CB channels interleaved, within DW_BUFFER_BYTES where one output row allows) and the scratch
+    elements one thread needs: those rows, the taps' weights, an output row, one vector to align."""
+    (sh, sw), (dh, dw) = strides, dilations
+    vec = 64   # bytes: CB channels of one vector
+    cols = (ow - 1) * sw + (kw - 1) * dw + 1
+    span = (kh - 1) * dh + 1
+    rows = min(oh, max(1, (DW_BUFFER_BYTES // (cols * vec) - span) // sh + 1))
+    vectors = ((rows - 1) * sh + span) * cols + kh * kw + ow + 1
+    return rows, vectors * vec // itemsize
 
 
 def step_name(step) -> str:
     return step.name if isinstance(step, Subgraph) else step.node.name
 
 
-def add_step(b: RunBuilder, step, plan) -> str | None:
-    """Append `step` to the run; the reason it cannot run in C, else None."""
+def add_step(b: RunBuilder, step, plan, fused: tuple | None = None) -> str | None:
+    """Append `step` to the run; the reason it cannot run in C, else None. `fused`: (activation,
+    subgraph) of a Conv step that applies the subgraph's activation (epilogue.py)."""
     if isinstance(step, Subgraph):
         return add_subgraph(b, step, plan.kernels[step.name])
     if numpy_blas() is None:
@@ -228,12 +254,22 @@ def add_step(b: RunBuilder, step, plan) -> str | None:
     if isinstance(step.node.op, MatMul):
         return add_matmul(b, step.node, len(b.names))
     if isinstance(step.node.op, Conv) and step.node.inputs[1] in b.graph.constants and not step.node.op.channels_last:
-        return add_conv(b, step.node, len(b.names))
+        act, sub = fused or (None, None)
+        return add_conv(b, step.node, len(b.names), act, sub.outputs[0] if sub else None)
     return f"library op {type(step.node.op).__name__} has no C implementation"
 
 
+def fusable(step, after, graph: BasicGraph, consumers: dict, keep: frozenset) -> tuple | None:
+    """(activation, subgraph) where Conv `step` can apply subgraph `after`'s activation."""
+    if not (isinstance(after, Subgraph) and not isinstance(step, Subgraph) and isinstance(step.node.op, Conv)):
+        return None
+    act = conv_activation(step.node, after, graph, consumers, keep)
+    return (act, after) if act is not None else None
+
+
 def render(b: RunBuilder, blas: Blas | None) -> str:
-    header = importlib.resources.files("powerfusion.backends.cpu").joinpath("templates/driver.h").read_text()
+    from powerfusion.backends.cpu.renderer import C_HELPERS   # the inline exp of the activations
+    header = C_HELPERS + "\n" + importlib.resources.files("powerfusion.backends.cpu").joinpath("templates/driver.h").read_text()
     body = "\n".join(f"  {line}\n  times[{i + 1}] = pf_now();" for i, line in enumerate(b.lines))
     return "\n".join([
         "// generated by PowerFusion: one run of a model's steps; do not edit",
@@ -258,6 +294,7 @@ class Driver:
 
     def __init__(self, b: RunBuilder, library, blas: Blas | None, keep: frozenset):
         self.names, self.graph = tuple(b.names), b.graph
+        self.source_lines = tuple(b.lines)   # each step's C statement, in order
         self._lib = ctypes.CDLL(str(library))
         self._fns = (ctypes.c_void_p * max(1, len(b.entries)))(*b.entries)
         bind = self._lib.pf_bind
@@ -311,7 +348,15 @@ def plan_runs(partition, plan) -> tuple[list, dict[str, str]]:
     blas = numpy_blas()
     keep = frozenset(t.name for t in graph.outputs)
     pieces, left, builder = [], {}, None
-    for step in partition.steps:
+    consumers = graph.consumers()
+    steps = list(partition.steps)
+    skip = None   # a subgraph whose activation the Conv before it applied
+    for i, step in enumerate(steps):
+        if step is skip:
+            builder.lines.append(f"/* {step_name(step)}: applied by the convolution before it */")
+            builder.names.append(step_name(step))
+            builder.fused += step.nodes
+            continue
         nodes = step.nodes if isinstance(step, Subgraph) else [step.node]
         gathers = [n for n in gather_nodes(nodes) if n.inputs[1] not in graph.constants]
         if builder is not None and any(n.inputs[1] in builder.made for n in gathers):
@@ -319,8 +364,10 @@ def plan_runs(partition, plan) -> tuple[list, dict[str, str]]:
             builder = None
         trial = builder or RunBuilder(graph)
         snapshot = _snapshot(trial)
-        why = add_step(trial, step, plan)
+        fused = fusable(step, steps[i + 1], graph, consumers, keep) if i + 1 < len(steps) else None
+        why = add_step(trial, step, plan, fused)
         if why is None:
+            skip = fused[1] if fused else None
             trial.names.append(step_name(step))
             trial.gathers += [n for n in gathers if n.inputs[1] not in trial.made]
             trial.fused += nodes if isinstance(step, Subgraph) else []

@@ -24,6 +24,7 @@ STREAM_SLOTS = 256   # per-lane slots of a tile from which its rows are streamed
 UNROLL = 4           # rows per unrolled step of a streamed loop, at least (loads in flight per lane)
 IN_FLIGHT = 32       # slots per lane a streamed loop's unrolled step aims to load: a narrow row
                      # (one slot per lane: a split-K finisher over 512 partials) unrolls further
+SIMD_SUM_MIN = 32    # a float sum over fewer rows or segments is unrolled, without the dialect's SIMD pragma
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def render_run(low, run: Run) -> list[str]:
     # the dialect's SIMD sum over the rows (the CPU) where every reduction is a float sum of one
     # slot: scalar accumulators (an array-section reduction does not vectorise: a 576 x 1024
     # GEMV took 0.44 ms with one, 0.04 ms with a scalar)
-    simd = bool(reduces and low.r.sum_pragma and per == 1 and all(
+    simd = bool(reduces and low.r.sum_pragma and per == 1 and run.num >= SIMD_SUM_MIN and all(
         op.args.fn == "sum" and low.dtype(op.outputs[0]) in ("float32", "float64") for op in reduces))
     sums = []
     for op in run.ops:

@@ -4,6 +4,7 @@
    by rows (or columns) over the OpenMP threads, each calling a single-threaded BLAS: the
    driver sets the BLAS to one thread for the run, as the per-step path does. */
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #ifdef _OPENMP
@@ -105,52 +106,129 @@ PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
    its blocks ([C/G*KH*KW][rows*OW] per group, in its own `cols` buffer of `nbuf`) and
    multiplies it at once, while it is still in cache (a whole-plane im2col matrix is megabytes:
    a 16-channel 64x64 3x3 convolution took 0.59 ms untiled). 1x1 stride-1 unpadded
-   convolutions are one GEMM over the input itself (cols NULL). Depthwise convolutions (one
-   input channel a group) and those with few output channels a group (a GEMM of a few rows
-   runs far below the BLAS's speed) are computed directly, an output row a job; stride-1
-   depthwise ones whose padded plane is small, a channel a job over its padded plane. */
+   convolutions are one GEMM over the input itself (cols NULL). Depthwise convolutions are
+   computed directly over blocks of channels (cols: their buffers); other grouped ones with one
+   input channel a group or few output channels a group (a GEMM of a few rows runs far below
+   the BLAS's speed) directly too, an output row a job. */
+/* An activation applied to a convolution's outputs while they are in cache, in place of the
+   memory-bound subgraph that followed it (driver.py, conv_activation): y = clamp(x * a + b, lo, hi)
+   (x itself where not `affine`), or sigmoid(x) where `sigmoid`; times x where `mul` (hard-swish,
+   SiLU). NaN passes through, as in the kernels it replaces; float32's exp is the generated
+   kernels' inline pf_expf (renderer.py's C_HELPERS, which the driver's source starts with). */
+typedef struct { int affine, mul, sigmoid; double a, b, lo, hi; } pf_act;
+#define PF_DEFINE_ACT(NAME, T, EXP)                                                                  \
+static void NAME(const pf_act *e, T *restrict y, long long count) {                                  \
+  if (!e) return;                                                                                    \
+  T a = (T)e->a, b = (T)e->b, lo = (T)e->lo, hi = (T)e->hi;                                          \
+  if (e->sigmoid && e->mul)                                                                          \
+    for (long long i = 0; i < count; ++i) { T x = y[i]; y[i] = x * ((T)1 / ((T)1 + EXP(-x))); }     \
+  else if (e->sigmoid)                                                                               \
+    for (long long i = 0; i < count; ++i) y[i] = (T)1 / ((T)1 + EXP(-y[i]));                         \
+  else if (e->mul)                                                                                   \
+    for (long long i = 0; i < count; ++i) {                                                          \
+      T x = y[i], t = x * a + b;                                                                     \
+      y[i] = x * (t < lo ? lo : (t > hi ? hi : t));                                                  \
+    }                                                                                                \
+  else if (e->affine)                                                                                \
+    for (long long i = 0; i < count; ++i) { T t = y[i] * a + b; y[i] = t < lo ? lo : (t > hi ? hi : t); } \
+  else                                                                                               \
+    for (long long i = 0; i < count; ++i) { T t = y[i]; y[i] = t < lo ? lo : (t > hi ? hi : t); }   \
+}
+PF_DEFINE_ACT(pf_act_f32, float, pf_expf)
+PF_DEFINE_ACT(pf_act_f64, double, exp)
+
 #define PF_DIRECT_MAX_OUTPUTS 4
 typedef struct {
   long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw, rows, nbuf;
 } pf_conv_shape;
 
-#define PF_DW_PLANE_MAX 4096   /* padded plane elements of the depthwise plane path (two on the stack) */
-#define PF_DEFINE_CONV(NAME, T, GEMM)                                                                \
-/* depthwise, stride 1, no dilation, small planes: a channel a job. Its input is copied once into    \
-   a zero-padded plane of width pw2 = ow + kw - 1, and each tap is one multiply-add over the flat    \
-   output (oh rows of pw2, the kw - 1 columns past ow computed and dropped), so the loops run        \
-   oh * pw2 elements long instead of one short row (a 240-channel 14x14 5x5 conv: a loop of 14       \
-   elements per row and tap). */                                                                     \
-static void NAME##_dw_plane(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,       \
-                            const T *restrict bias, T *restrict y) {                                 \
-  long long ph2 = s->oh + s->kh - 1, pw2 = s->ow + s->kw - 1, flat = (s->oh - 1) * pw2 + s->ow;      \
-  int big = s->n * s->m * s->oh * s->ow * s->kh * s->kw >= PF_PARALLEL_ELEMENTS;                     \
-  _Pragma("omp parallel for schedule(static) if(big)")                                               \
-  for (long long job = 0; job < s->n * s->m; ++job) {                                                \
-    T pad[PF_DW_PLANE_MAX], acc[PF_DW_PLANE_MAX];                                                    \
-    const T *xp = x + job * s->h * s->w, *wp = wt + (job % s->m) * s->kh * s->kw;                    \
-    for (long long r = 0; r < ph2; ++r) {                                                            \
-      long long ii = r - s->ph;                                                                      \
-      for (long long c = 0; c < pw2; ++c) {                                                          \
-        long long jj = c - s->pw;                                                                    \
-        pad[r * pw2 + c] = (ii >= 0 && ii < s->h && jj >= 0 && jj < s->w) ? xp[ii * s->w + jj] : (T)0;\
-      }                                                                                              \
-    }                                                                                                \
-    for (long long f = 0; f < flat; ++f) acc[f] = (T)0;                                              \
-    for (long long ki = 0; ki < s->kh; ++ki)                                                         \
-      for (long long kj = 0; kj < s->kw; ++kj) {                                                     \
-        T wv = wp[ki * s->kw + kj];                                                                  \
-        const T *restrict src = pad + ki * pw2 + kj;                                                 \
-        for (long long f = 0; f < flat; ++f) acc[f] += wv * src[f];                                  \
-      }                                                                                              \
-    T b0 = bias ? bias[job % s->m] : (T)0, *yp = y + job * s->oh * s->ow;                            \
-    for (long long oi = 0; oi < s->oh; ++oi)                                                         \
-      for (long long oj = 0; oj < s->ow; ++oj) yp[oi * s->ow + oj] = acc[oi * pw2 + oj] + b0;        \
-  }                                                                                                  \
-}                                                                                                    \
+#define PF_DEFINE_CONV(NAME, T, GEMM, ACT)                                                          \
+/* depthwise (one input channel a group, one output channel each): channel-blocked. A job is a      \
+   block of CB channels (one 64-byte vector of T) over a strip of output rows: it gathers the       \
+   strip's input rows into a zero-padded, channel-interleaved buffer xb[row][col][CB] (a vector     \
+   gather a column), multiplies every tap as whole vectors (four outputs at a time: four            \
+   independent FMA chains) and scatters the outputs back to NCHW. Vectors across channels           \
+   keep the lanes full whatever the plane's width and stride: a 288-channel 14x14 5x5 stride-2      \
+   convolution 331 -> 33 us, a 576-channel 7x7 5x5 one 110 -> 50 us (one thread; the                \
+   previous row-direct and padded-plane paths). Strips of s->rows output rows keep xb within        \
+   driver.py's DW_BUFFER_BYTES; `scratch` holds s->nbuf threads' buffers. */          \
+static void NAME##_dw_blocked(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,    \
+                             const T *restrict bias, T *restrict y, T *scratch, const pf_act *act) { \
+  enum { CB = 64 / sizeof(T) };                                                                     \
+  typedef T vec __attribute__((vector_size(64)));                                                   \
+  long long taps = s->kh * s->kw, blocks = (s->c + CB - 1) / CB, plane = s->h * s->w;               \
+  long long pw2 = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1, span = (s->kh - 1) * s->dh + 1;    \
+  long long rows = s->rows, strips = (s->oh + rows - 1) / rows;                                     \
+  long long vecs = ((rows - 1) * s->sh + span) * pw2 + taps + s->ow + 1;   /* +1: alignment */      \
+  int big = s->n * s->c * s->oh * s->ow * taps >= PF_PARALLEL_ELEMENTS;                             \
+  _Pragma("omp parallel num_threads(s->nbuf) if(big)")                                              \
+  {                                                                                                 \
+    int t = 0, nt = 1;                                                                              \
+    PF_THREAD_ID(t, nt);                                                                            \
+    vec *xb = (vec *)(((uintptr_t)(scratch + t * vecs * CB) + 63) & ~(uintptr_t)63);                \
+    _Pragma("omp for schedule(static)")                                                             \
+    for (long long job = 0; job < s->n * blocks * strips; ++job) {                                  \
+      long long strip = job % strips, blk = (job / strips) % blocks, img = job / strips / blocks;   \
+      long long c0 = blk * CB, nc = s->c - c0 < CB ? s->c - c0 : CB;                                \
+      long long o0 = strip * rows, o1 = o0 + rows < s->oh ? o0 + rows : s->oh;                      \
+      long long nr = (o1 - o0 - 1) * s->sh + span, i0 = o0 * s->sh - s->ph;                         \
+      vec *wb = xb + nr * pw2, *yb = wb + taps, b0 = {0};                                           \
+      T *xs = (T *)xb, *ws = (T *)wb, *bs = (T *)&b0;                                               \
+      memset(ws, 0, taps * sizeof(vec));                                                            \
+      for (long long c = 0; c < nc; ++c) {                                                          \
+        for (long long k = 0; k < taps; ++k) ws[k * CB + c] = wt[(c0 + c) * taps + k];              \
+        bs[c] = bias ? bias[c0 + c] : (T)0;                                                         \
+      }                                                                                             \
+      memset(xs, 0, nr * pw2 * sizeof(vec));                                                        \
+      long long jhi = s->w + s->pw < pw2 ? s->w + s->pw : pw2;                                      \
+      const T *xc = x + (img * s->c + c0) * plane - s->pw;                                          \
+      for (long long r = 0; r < nr; ++r) {                                                          \
+        long long ii = i0 + r;                                                                      \
+        if (ii < 0 || ii >= s->h) continue;                                                         \
+        T *dst = xs + r * pw2 * CB;                                                                 \
+        const T *src = xc + ii * s->w;                                                              \
+        if (nc == CB)   /* a fixed-length gather down the channels: one vector gather */            \
+          for (long long j = s->pw; j < jhi; ++j)                                                   \
+            for (long long c = 0; c < CB; ++c) dst[j * CB + c] = src[c * plane + j];                \
+        else                                                                                        \
+          for (long long j = s->pw; j < jhi; ++j)                                                   \
+            for (long long c = 0; c < nc; ++c) dst[j * CB + c] = src[c * plane + j];                \
+      }                                                                                             \
+      for (long long oi = o0; oi < o1; ++oi) {                                                      \
+        const vec *xr = xb + (oi - o0) * s->sh * pw2;                                               \
+        long long oj = 0;                                                                           \
+        for (; oj + 4 <= s->ow; oj += 4) {                                                          \
+          vec a0 = b0, a1 = b0, a2 = b0, a3 = b0;                                                   \
+          for (long long ki = 0; ki < s->kh; ++ki) {                                                \
+            const vec *xo = xr + ki * s->dh * pw2 + oj * s->sw, *wk = wb + ki * s->kw;              \
+            for (long long kj = 0; kj < s->kw; ++kj) {                                              \
+              vec wv = wk[kj];                                                                      \
+              const vec *q = xo + kj * s->dw;                                                       \
+              a0 += wv * q[0]; a1 += wv * q[s->sw]; a2 += wv * q[2 * s->sw]; a3 += wv * q[3 * s->sw]; \
+            }                                                                                       \
+          }                                                                                         \
+          yb[oj] = a0; yb[oj + 1] = a1; yb[oj + 2] = a2; yb[oj + 3] = a3;                           \
+        }                                                                                           \
+        for (; oj < s->ow; ++oj) {                                                                  \
+          vec acc = b0;                                                                             \
+          for (long long ki = 0; ki < s->kh; ++ki)                                                  \
+            for (long long kj = 0; kj < s->kw; ++kj)                                                \
+              acc += wb[ki * s->kw + kj] * xr[ki * s->dh * pw2 + oj * s->sw + kj * s->dw];          \
+          yb[oj] = acc;                                                                             \
+        }                                                                                           \
+        const T *ys = (const T *)yb;                                                                \
+        for (long long c = 0; c < nc; ++c) {                                                        \
+          T *yp = y + ((img * s->c + c0 + c) * s->oh + oi) * s->ow;                                 \
+          for (long long o = 0; o < s->ow; ++o) yp[o] = ys[o * CB + c];                             \
+          ACT(act, yp, s->ow);                                                                      \
+        }                                                                                           \
+      }                                                                                             \
+    }                                                                                               \
+  }                                                                                                 \
+}                                                                                                   \
 /* direct: one output row per job, its group's input channels and taps accumulated along the row */ \
-static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,         \
-                          const T *restrict bias, T *restrict y) {                                   \
+static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,        \
+                          const T *restrict bias, T *restrict y, const pf_act *act) {               \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   int big = s->n * s->m * plane * cg * taps >= PF_PARALLEL_ELEMENTS;                                 \
   /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
@@ -178,44 +256,53 @@ static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *
           T wv = wp[ki * s->kw + kj];                                                                \
           long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                             \
           if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj + jo]; }     \
-          else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }        \
-        }                                                                                            \
-      }                                                                                              \
-    }                                                                                                \
+          else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }       \
+        }                                                                                           \
+      }                                                                                             \
+    }                                                                                               \
+    ACT(act, yr, s->ow);                                                                            \
   }                                                                                                  \
 }                                                                                                    \
 /* output row oi's part of the im2col matrix: cols[ch*taps + tap][(oi-r0)*ow + oj], `width`    \
    columns a row of the matrix (r0: the first output row the matrix holds) */                        \
-static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi, long long r0,       \
-                              T *cols, long long width) {                                            \
-  long long taps = s->kh * s->kw;                                                                    \
-  for (long long r = 0; r < s->c * taps; ++r) {                                                      \
-    long long ch = r / taps, ki = (r % taps) / s->kw, kj = r % s->kw;                                \
-    long long jo = kj * s->dw - s->pw;                                                               \
-    long long lo = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                          \
-    long long hi = (s->w - jo + s->sw - 1) / s->sw;                                                  \
-    if (hi > s->ow) hi = s->ow;                                                                      \
-    if (lo > hi) lo = hi;                                                                            \
-    long long ii = oi * s->sh - s->ph + ki * s->dh;                                                  \
-    T *orow = cols + r * width + (oi - r0) * s->ow;                                                  \
-    if (ii < 0 || ii >= s->h) { memset(orow, 0, sizeof(T) * s->ow); continue; }                      \
-    const T *xr = xi + ch * s->h * s->w + ii * s->w;                                                 \
-    for (long long oj = 0; oj < lo; ++oj) orow[oj] = (T)0;                                           \
-    if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj + jo]; }               \
-    else { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj * s->sw + jo]; }                  \
-    for (long long oj = hi; oj < s->ow; ++oj) orow[oj] = (T)0;                                       \
-  }                                                                                                  \
-}                                                                                                    \
+static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi, long long r0,      \
+                              T *cols, long long width) {                                           \
+  /* each tap column's valid output range once, and the rows as nested loops: three divisions       \
+     a matrix row made an 8-output 7x7 stride-2 convolution over 64x64 mostly division */           \
+  long long los[s->kw], his[s->kw];                                                                 \
+  for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
+    long long jo = kj * s->dw - s->pw;                                                              \
+    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                              \
+    his[kj] = (s->w - jo + s->sw - 1) / s->sw;                                                      \
+    if (his[kj] > s->ow) his[kj] = s->ow;                                                           \
+    if (los[kj] > his[kj]) los[kj] = his[kj];                                                       \
+  }                                                                                                 \
+  T *orow = cols + (oi - r0) * s->ow;                                                               \
+  for (long long ch = 0; ch < s->c; ++ch)                                                           \
+    for (long long ki = 0; ki < s->kh; ++ki) {                                                      \
+      long long ii = oi * s->sh - s->ph + ki * s->dh;                                               \
+      if (ii < 0 || ii >= s->h) {                                                                   \
+        for (long long kj = 0; kj < s->kw; ++kj, orow += width) memset(orow, 0, sizeof(T) * s->ow); \
+        continue;                                                                                   \
+      }                                                                                             \
+      const T *xr = xi + ch * s->h * s->w + ii * s->w;                                              \
+      for (long long kj = 0; kj < s->kw; ++kj, orow += width) {                                     \
+        long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                              \
+        for (long long oj = 0; oj < lo; ++oj) orow[oj] = (T)0;                                      \
+        if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj + jo]; }          \
+        else { for (long long oj = lo; oj < hi; ++oj) orow[oj] = xr[oj * s->sw + jo]; }             \
+        for (long long oj = hi; oj < s->ow; ++oj) orow[oj] = (T)0;                                  \
+      }                                                                                             \
+    }                                                                                               \
+}                                                                                                   \
 static void NAME##_im2col_rows(const pf_conv_shape *s, const T *xi, long long oi, T *cols,           \
                                long long plane) {                                                    \
   NAME##_im2col_row(s, xi, oi, 0, cols, plane);                                                      \
 }                                                                                                    \
-static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols) {    \
-  if (s->c == s->g && s->m == s->c && s->sh == 1 && s->sw == 1 && s->dh == 1 && s->dw == 1           \
-      && (s->oh + s->kh - 1) * (s->ow + s->kw - 1) <= PF_DW_PLANE_MAX) {                             \
-    NAME##_dw_plane(s, x, wt, bias, y); return;                                                      \
-  }                                                                                                  \
-  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y); return; } \
+static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols,     \
+                 const pf_act *act) {                                                               \
+  if (s->c == s->g && s->m == s->c) { NAME##_dw_blocked(s, x, wt, bias, y, cols, act); return; }    \
+  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y, act); return; } \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   long long k = cg * taps, blocks = (s->oh + s->rows - 1) / s->rows;                                 \
   int big = 2.0 * s->n * s->m * plane * k >= PF_SPLIT_FLOPS;                                         \
@@ -227,8 +314,9 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < plane; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, xi + gi * k * plane, plane, bias ? (T)1 : (T)0,\
-             yi + gi * mg * plane, plane, 1);                                                        \
+        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, xi + gi * k * plane, plane, bias ? (T)1 : (T)0, \
+             yi + gi * mg * plane, plane, 1);                                                       \
+      ACT(act, yi, s->m * plane);                                                                   \
     }                                                                                                \
     return;                                                                                          \
   }                                                                                                  \
@@ -243,8 +331,9 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < plane; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, cols + gi * k * plane, plane,                  \
-             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 1);                                    \
+        GEMM(0, 0, mg, plane, k, wt + gi * mg * k, k, cols + gi * k * plane, plane,                 \
+             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 1);                                   \
+      ACT(act, yi, s->m * plane);                                                                   \
     }                                                                                                \
     return;                                                                                          \
   }                                                                                                  \
@@ -264,13 +353,15 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias,
         for (long long o = 0; o < s->m; ++o)                                                         \
           for (long long i = 0; i < width; ++i) yi[o * plane + i] = bias[o];                         \
       for (long long gi = 0; gi < s->g; ++gi)                                                        \
-        GEMM(0, 0, mg, width, k, wt + gi * mg * k, k, mine + gi * k * width, width,                  \
-             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 0);                                    \
+        GEMM(0, 0, mg, width, k, wt + gi * mg * k, k, mine + gi * k * width, width,                 \
+             bias ? (T)1 : (T)0, yi + gi * mg * plane, plane, 0);                                   \
+      if (act)   /* the block, while it is in cache */                                              \
+        for (long long o = 0; o < s->m; ++o) ACT(act, yi + o * plane, width);                       \
     }                                                                                                \
   }                                                                                                  \
 }
-PF_DEFINE_CONV(pf_conv2d_f32, float, pf_gemm_f32)
-PF_DEFINE_CONV(pf_conv2d_f64, double, pf_gemm_f64)
+PF_DEFINE_CONV(pf_conv2d_f32, float, pf_gemm_f32, pf_act_f32)
+PF_DEFINE_CONV(pf_conv2d_f64, double, pf_gemm_f64, pf_act_f64)
 
 /* The BLAS on one thread for the run (its own threads would wait for each other at every
    step); the previous count is restored after. */
