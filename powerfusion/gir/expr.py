@@ -10,7 +10,7 @@ patterns built twice compare equal.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Mapping
 
@@ -66,11 +66,26 @@ class Var(Expr):
     def __repr__(self): return self.name
 
 
+# Compound nodes keep their hash once computed: composed index maps are trees of thousands of
+# nodes, and the dataclass hash walked the whole tree at every dict or lru_cache lookup. The
+# value is the dataclass hash (the same number, so set and dict orders do not change); it is
+# not pickled (`__reduce__`), since string hashes differ between processes.
+_NO_HASH = field(default=None, init=False, repr=False, compare=False)
+
+
 @dataclass(frozen=True, slots=True)
 class BinOp(Expr):
     op: str
     a: Expr
     b: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.op, self.a, self.b)))
+        return self._hash
+
+    def __reduce__(self): return (BinOp, (self.op, self.a, self.b))
 
     def __repr__(self):
         sym = _C_BINOPS.get(self.op)
@@ -82,6 +97,14 @@ class Select(Expr):
     cond: Expr
     a: Expr
     b: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.cond, self.a, self.b)))
+        return self._hash
+
+    def __reduce__(self): return (Select, (self.cond, self.a, self.b))
 
     def __repr__(self): return f"({self.cond!r} ? {self.a!r} : {self.b!r})"
 
@@ -91,6 +114,14 @@ class Load(Expr):
     """The integer stored at `buffer[index]` (a global buffer: gather indices)."""
     buffer: str
     index: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.buffer, self.index)))
+        return self._hash
+
+    def __reduce__(self): return (Load, (self.buffer, self.index))
 
     def __repr__(self): return f"{self.buffer}[{self.index!r}]"
 
@@ -182,25 +213,60 @@ def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
 
 
 def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
-    """Vectorised evaluation: variables bound to broadcastable int64 arrays."""
-    if isinstance(e, Const): return np.int64(e.value)
-    if isinstance(e, Var): return env[e.name]
-    if isinstance(e, BinOp):
-        a, b = evaluate(e.a, env, buffers), evaluate(e.b, env, buffers)
-        if e.op in ("floordiv", "mod"):
-            b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
-        if e.op in _ARITH:   # a comparison is 0 or 1 in arithmetic, as in C (numpy: True + True is True)
-            a, b = _as_int(a), _as_int(b)
-        return _NP_BINOPS[e.op](a, b)
-    if isinstance(e, Select):
-        return np.where(evaluate(e.cond, env, buffers), evaluate(e.a, env, buffers), evaluate(e.b, env, buffers))
-    if isinstance(e, Load):
-        if buffers is None or e.buffer not in buffers:
-            raise KeyError(f"expression loads from '{e.buffer}', which is not available")
-        data = buffers[e.buffer].reshape(-1)
-        idx = np.clip(evaluate(e.index, env, buffers), 0, data.size - 1)
-        return data[idx].astype(np.int64)
-    raise TypeError(e)
+    """Vectorised evaluation: variables bound to broadcastable int64 arrays. Each structurally
+    distinct subexpression is evaluated once per call: composed index maps repeat the same
+    subexpressions many times over (a Swin window shift's tree of 6000 nodes has under 100
+    distinct ones), and evaluating the tree as written made those rewrites take minutes."""
+    return _Evaluator(env, buffers).value(e)[1]
+
+
+class _Evaluator:
+    """One evaluation: values by structural key (an int per distinct subexpression, built from
+    the children's keys), and each node object's key by identity, so no tree is hashed twice."""
+
+    def __init__(self, env, buffers):
+        self.env, self.buffers = env, buffers
+        self.by_node: dict[int, tuple] = {}     # id(node) -> (node, key): the node is held, so its id stays its own
+        self.keys: dict[tuple, int] = {}        # (kind, op, child keys...) -> key
+        self.values: dict[int, object] = {}     # key -> value
+
+    def value(self, e: Expr) -> tuple:
+        """(structural key, value) of `e`."""
+        if isinstance(e, Const): return ("c", e.value), np.int64(e.value)
+        if isinstance(e, Var): return ("v", e.name), self.env[e.name]
+        hit = self.by_node.get(id(e))
+        if hit is not None:
+            return hit[1], self.values[hit[1]]
+        if isinstance(e, BinOp):
+            (ka, a), (kb, b) = self.value(e.a), self.value(e.b)
+            key = self.keys.setdefault(("b", e.op, ka, kb), len(self.keys))
+            if key not in self.values:
+                self.values[key] = _binop_values(e.op, a, b)
+        elif isinstance(e, Select):
+            (kc, c), (ka, a), (kb, b) = self.value(e.cond), self.value(e.a), self.value(e.b)
+            key = self.keys.setdefault(("s", kc, ka, kb), len(self.keys))
+            if key not in self.values:
+                self.values[key] = np.where(c, a, b)
+        elif isinstance(e, Load):
+            if self.buffers is None or e.buffer not in self.buffers:
+                raise KeyError(f"expression loads from '{e.buffer}', which is not available")
+            ki, idx = self.value(e.index)
+            key = self.keys.setdefault(("l", e.buffer, ki), len(self.keys))
+            if key not in self.values:
+                data = self.buffers[e.buffer].reshape(-1)
+                self.values[key] = data[np.clip(idx, 0, data.size - 1)].astype(np.int64)
+        else:
+            raise TypeError(e)
+        self.by_node[id(e)] = (e, key)
+        return key, self.values[key]
+
+
+def _binop_values(op: str, a, b):
+    if op in ("floordiv", "mod"):
+        b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
+    if op in _ARITH:   # a comparison is 0 or 1 in arithmetic, as in C (numpy: True + True is True)
+        a, b = _as_int(a), _as_int(b)
+    return _NP_BINOPS[op](a, b)
 
 
 _ARITH = frozenset(("add", "sub", "mul", "floordiv", "mod", "min", "max"))
