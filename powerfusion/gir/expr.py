@@ -165,7 +165,7 @@ def binop(op: str, a, b) -> Expr:
         if b == ONE: return a
     elif op == "mod":
         if b == ONE: return ZERO
-    return BinOp(op, a, b)
+    return _shared(BinOp, op, a, b)
 
 
 def select(cond, a, b) -> Expr:
@@ -174,7 +174,33 @@ def select(cond, a, b) -> Expr:
         return a if cond.value else b
     if a == b:
         return a
-    return Select(cond, a, b)
+    return _shared(Select, cond, a, b)
+
+
+def _shared(cls, *parts):
+    """The node `cls(*parts)`, the same object as an equal node built before (while the table
+    holds it): substitution and composition rebuild the same subexpressions again and again,
+    and shared objects let evaluation, hashing and the simplifier's memos meet each once.
+    Equality is structural either way; sharing only saves work."""
+    key = (cls,) + tuple(_part_key(p) for p in parts)
+    hit = _SHARED.get(key)
+    if hit is None:
+        if len(_SHARED) >= 1 << 18:
+            _SHARED.clear()
+        hit = _SHARED[key] = cls(*parts)
+    return hit
+
+
+def _part_key(p):
+    """Leaves and strings by value, subexpressions by identity (the table's node holds them, so
+    their ids stay theirs while the entry lives)."""
+    if isinstance(p, Const): return ("c", type(p.value), p.value)   # Const(True) renders unlike Const(1)
+    if isinstance(p, Var): return ("v", p.name)
+    if isinstance(p, str): return p
+    return id(p)
+
+
+_SHARED: dict[tuple, Expr] = {}
 
 
 def emin(a, b) -> Expr: return binop("min", a, b)
