@@ -216,8 +216,9 @@ def _writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units:
     if not _injective(w, w_units, parallel, buffers):
         return None
     r_units = sampled_units(r_units, r.count, exprs=(r.index, w.index))
+    reader: dict = {}
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
-        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers, reader)
         if ev is not None and bool(np.all(ev[0] | ~ev[2])):
             return c
     return None
@@ -276,9 +277,9 @@ def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
     valid reader elements this writer wrote (coords exact there, `need` met); None if unsure."""
     if not _injective(w, w_units, parallel, buffers):
         return None
-    best = None
+    best, reader = None, {}
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
-        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers, reader)
         if ev is None:
             continue
         ok, hit, rmask = ev
@@ -307,17 +308,24 @@ def eval_over(e: Expr | None, units, num: int, width: int, buffers=None) -> np.n
     return np.broadcast_to(evaluate(e, _grid(units, num, width), buffers), shape)
 
 
-def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
+def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers, reader: dict | None = None):
     """(ok, hit, rmask) over the reader grid: hit = the writer wrote the element read, at these
-    coordinates; ok = hit and `need` holds; rmask = the reader reads it. None when undecidable."""
+    coordinates; ok = hit and `need` holds; rmask = the reader reads it. None when undecidable.
+    `reader`: a dict the caller keeps across its tries of coordinates for the same reader and
+    units; the reader's grid, addresses and mask are evaluated once into it (read-only after)."""
     shape = (len(r_units), r.num, r.width)
     if len(r_units) == 0:
         z = np.zeros(shape, bool)
         return z, z, z
-    env = _grid(r_units, r.num, r.width)
+    reader = {} if reader is None else reader
     try:
-        addr = _full(evaluate(r.index, env, buffers), shape)
-        rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None else np.ones(shape, bool)
+        if "addr" not in reader:
+            env = _grid(r_units, r.num, r.width)
+            addr = _full(evaluate(r.index, env, buffers), shape)
+            rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None \
+                else np.ones(shape, bool)
+            reader.update(env=env, addr=addr, rmask=rmask)
+        env, addr, rmask = reader["env"], reader["addr"], reader["rmask"]
         u1, i1, j1 = (_full(evaluate(e, env, buffers), shape) for e in (c.u, c.i, c.j))
         inside = member_mask(u1, w_units) & (i1 >= 0) & (i1 < w.num) & (j1 >= 0) & (j1 < w.width)
         wenv = {"u": np.where(inside, u1, w_units[0] if len(w_units) else 0), "i": np.where(inside, i1, 0),
