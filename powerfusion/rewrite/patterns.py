@@ -422,36 +422,37 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
     env = _grid(units, num, width)
     full = _full(evaluate(e, env, buffers), shape)
     factors = _factors(_all_divisors(e))
-    # Everywhere (the usual case): a digit depends on one axis only, so its values are
-    # computed on that axis and broadcast, instead of over every element (same numbers).
+    # A digit depends on one axis only, so its values are computed on that axis and broadcast
+    # (or picked at the sampled elements) instead of over every element (the same numbers).
     dense = full.size > 0 and bool(where.all())
     target = full if dense else full[where]
-    digits = []   # (var, lo, hi, extent used, values: per element, or per axis when dense)
+    # the axis positions holding a selected element: each digit's extent is the largest seen there
+    present = None if dense else (where.any(axis=(1, 2)), where.any(axis=(0, 2)), where.any(axis=(0, 1)))
+    digits = []   # (var, lo, hi, extent used, values along its axis, axis)
     for axis, (var, ext) in enumerate(((U, int(units.max()) + 1), (I, num), (J, width))):
         if ext <= 1:
             continue
-        vals = env[var.name].reshape(-1) if dense else np.broadcast_to(env[var.name], shape)[where]
-        seen = int(vals.max()) + 1 if vals.size else 1
+        vals = env[var.name].reshape(-1)
+        used = vals if dense else vals[present[axis]]
+        seen = int(used.max()) + 1 if used.size else 1
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo, axis))
     rows = np.arange(target.size)
     if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
         rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
-    if dense:   # row r of the flattened grid is (r // (num*width), r // width % num, r % width)
-        at = (rows // (num * width), rows // width % num, rows % width)
-        cols = [d[4][at[d[5]]] for d in digits]
-        sample = target.reshape(-1)[rows]
-    else:
-        cols = [d[4][rows] for d in digits]
-        sample = target[rows]
+    # element r of the flattened grid is (r // (num*width), r // width % num, r % width)
+    flat = rows if dense else np.flatnonzero(where.reshape(-1))[rows]
+    at = (flat // (num * width), flat // width % num, flat % width)
+    cols = [d[4][at[d[5]]] for d in digits]
+    sample = target.reshape(-1)[rows]
     A = np.stack([np.ones(rows.size)] + [c.astype(np.float64) for c in cols], axis=1)
     coef = np.rint(np.linalg.lstsq(A, sample.astype(np.float64), rcond=None)[0]).astype(np.int64)
-    got = np.full(target.shape, coef[0], np.int64)
+    got = np.full(shape, coef[0], np.int64)
     for d, c in zip(digits, coef[1:]):
         if c:
-            got += (d[4] * c).reshape([-1 if k == d[5] else 1 for k in range(3)]) if dense else d[4] * c
-    if not np.array_equal(got, target):
+            got += (d[4] * c).reshape([-1 if k == d[5] else 1 for k in range(3)])
+    if not np.array_equal(got if dense else got[where], target):
         return None
     out: Expr = Const(int(coef[0]))
     run = None   # (var, lo, base coefficient, next lo, extent): digits that form one wider digit
