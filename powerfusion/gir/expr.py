@@ -182,7 +182,7 @@ def _shared(cls, *parts):
     holds it): substitution and composition rebuild the same subexpressions again and again,
     and shared objects let evaluation, hashing and the simplifier's memos meet each once.
     Equality is structural either way; sharing only saves work."""
-    key = (cls,) + tuple(_part_key(p) for p in parts)
+    key = (cls, *map(_part_key, parts))
     hit = _SHARED.get(key)
     if hit is None:
         if len(_SHARED) >= 1 << 18:
@@ -239,52 +239,33 @@ def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
 
 
 def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
-    """Vectorised evaluation: variables bound to broadcastable int64 arrays. Each structurally
-    distinct subexpression is evaluated once per call: composed index maps repeat the same
-    subexpressions many times over (a Swin window shift's tree of 6000 nodes has under 100
-    distinct ones), and evaluating the tree as written made those rewrites take minutes."""
-    return _Evaluator(env, buffers).value(e)[1]
+    """Vectorised evaluation: variables bound to broadcastable int64 arrays. A node object that
+    occurs several times in the tree is evaluated once per call: composed index maps repeat
+    the same subexpressions many times over (a Swin window shift's tree of 6000 nodes has under
+    100 distinct ones), and `binop`/`select` hand back one shared object for equal nodes."""
+    return _value(e, env, buffers, {})
 
 
-class _Evaluator:
-    """One evaluation: values by structural key (an int per distinct subexpression, built from
-    the children's keys), and each node object's key by identity, so no tree is hashed twice."""
-
-    def __init__(self, env, buffers):
-        self.env, self.buffers = env, buffers
-        self.by_node: dict[int, tuple] = {}     # id(node) -> (node, key): the node is held, so its id stays its own
-        self.keys: dict[tuple, int] = {}        # (kind, op, child keys...) -> key
-        self.values: dict[int, object] = {}     # key -> value
-
-    def value(self, e: Expr) -> tuple:
-        """(structural key, value) of `e`."""
-        if isinstance(e, Const): return ("c", e.value), np.int64(e.value)
-        if isinstance(e, Var): return ("v", e.name), self.env[e.name]
-        hit = self.by_node.get(id(e))
-        if hit is not None:
-            return hit[1], self.values[hit[1]]
-        if isinstance(e, BinOp):
-            (ka, a), (kb, b) = self.value(e.a), self.value(e.b)
-            key = self.keys.setdefault(("b", e.op, ka, kb), len(self.keys))
-            if key not in self.values:
-                self.values[key] = _binop_values(e.op, a, b)
-        elif isinstance(e, Select):
-            (kc, c), (ka, a), (kb, b) = self.value(e.cond), self.value(e.a), self.value(e.b)
-            key = self.keys.setdefault(("s", kc, ka, kb), len(self.keys))
-            if key not in self.values:
-                self.values[key] = np.where(c, a, b)
-        elif isinstance(e, Load):
-            if self.buffers is None or e.buffer not in self.buffers:
-                raise KeyError(f"expression loads from '{e.buffer}', which is not available")
-            ki, idx = self.value(e.index)
-            key = self.keys.setdefault(("l", e.buffer, ki), len(self.keys))
-            if key not in self.values:
-                data = self.buffers[e.buffer].reshape(-1)
-                self.values[key] = data[np.clip(idx, 0, data.size - 1)].astype(np.int64)
-        else:
-            raise TypeError(e)
-        self.by_node[id(e)] = (e, key)
-        return key, self.values[key]
+def _value(e: Expr, env, buffers, seen: dict):
+    if isinstance(e, Const): return np.int64(e.value)
+    if isinstance(e, Var): return env[e.name]
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit[1]
+    if isinstance(e, BinOp):
+        out = _binop_values(e.op, _value(e.a, env, buffers, seen), _value(e.b, env, buffers, seen))
+    elif isinstance(e, Select):
+        out = np.where(_value(e.cond, env, buffers, seen), _value(e.a, env, buffers, seen),
+                       _value(e.b, env, buffers, seen))
+    elif isinstance(e, Load):
+        if buffers is None or e.buffer not in buffers:
+            raise KeyError(f"expression loads from '{e.buffer}', which is not available")
+        data = buffers[e.buffer].reshape(-1)
+        out = data[np.clip(_value(e.index, env, buffers, seen), 0, data.size - 1)].astype(np.int64)
+    else:
+        raise TypeError(e)
+    seen[id(e)] = (e, out)   # the node is held with its value, so its id stays its own
+    return out
 
 
 def _binop_values(op: str, a, b):
