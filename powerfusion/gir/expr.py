@@ -191,6 +191,15 @@ def _shared(cls, *parts):
     return hit
 
 
+def shared_node(cls, *parts) -> Expr:
+    """`cls(*parts)` for a compound node class (BinOp, Select, Load), exactly as given (no
+    folding), shared like the nodes `binop` builds: for readers that rebuild trees (the plan
+    cache's decoding and renaming)."""
+    if cls not in (BinOp, Select, Load):
+        raise TypeError(f"not a compound index expression class: {cls}")
+    return _shared(cls, *parts)
+
+
 def _part_key(p):
     """Leaves and strings by value, subexpressions by identity (the table's node holds them, so
     their ids stay theirs while the entry lives)."""
