@@ -236,15 +236,27 @@ def loads(e: Expr) -> frozenset[str]:
     raise TypeError(e)
 
 
-def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
-    """Replace variables by expressions (rebuilding, so constants fold again)."""
+def substitute(e: Expr, mapping: Mapping[str, Expr], seen: dict | None = None) -> Expr:
+    """Replace variables by expressions (rebuilding, so constants fold again). A node object
+    met again in the tree is rebuilt once (composition shares subexpressions: walking the
+    tree as written grows exponentially with the depth of composition)."""
     if isinstance(e, Var): return mapping.get(e.name, e)
     if isinstance(e, Const): return e
-    if isinstance(e, BinOp): return binop(e.op, substitute(e.a, mapping), substitute(e.b, mapping))
-    if isinstance(e, Select):
-        return select(substitute(e.cond, mapping), substitute(e.a, mapping), substitute(e.b, mapping))
-    if isinstance(e, Load): return Load(e.buffer, substitute(e.index, mapping))
-    raise TypeError(e)
+    seen = {} if seen is None else seen
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit[1]
+    if isinstance(e, BinOp):
+        out = binop(e.op, substitute(e.a, mapping, seen), substitute(e.b, mapping, seen))
+    elif isinstance(e, Select):
+        out = select(substitute(e.cond, mapping, seen), substitute(e.a, mapping, seen),
+                     substitute(e.b, mapping, seen))
+    elif isinstance(e, Load):
+        out = Load(e.buffer, substitute(e.index, mapping, seen))
+    else:
+        raise TypeError(e)
+    seen[id(e)] = (e, out)   # held with its result, so its id stays its own
+    return out
 
 
 def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
