@@ -2,6 +2,7 @@
 of the tree as written (checked against plain Python on every element)."""
 from __future__ import annotations
 
+import operator
 import pickle
 
 import numpy as np
@@ -27,7 +28,8 @@ def _python(e, u: int, i: int, j: int, seen=None) -> int:
         return {"u": u, "i": i, "j": j}[e.name]
     if id(e) not in seen:
         a, b = _python(e.a, u, i, j, seen), _python(e.b, u, i, j, seen)
-        seen[id(e)] = {"add": a + b, "mul": a * b, "floordiv": a // b, "mod": a % b}[e.op]
+        seen[id(e)] = {"add": operator.add, "mul": operator.mul, "floordiv": operator.floordiv,
+                       "mod": operator.mod}[e.op](a, b)
     return seen[id(e)]
 
 
