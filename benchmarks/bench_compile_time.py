@@ -7,7 +7,9 @@
 mobilenet_v2, efficientnet_b0 and densenet121 (as `models/export_zoo.py` exports them: the
 TorchScript exporter at opset 17, nothing folded), BERT-base (`models/build.py`, 12 layers,
 sequence 128), and one LayerNormalization at 32768 x 1024 and 32768 x 16384 (build time must
-not grow with the tensor). `measure` runs `powerfusion compile MODEL --target T` in a fresh process per
+not grow with the tensor). The model zoo's transformers and Swin-T (`--only vit_b_16 gpt2 swin_t`)
+are read as `benchmarks/zoo_models.py DIR vit_b_16 gpt2 swin_t` writes them (DIR/<name>_b1_fp32.onnx)
+where DIR/<name>.onnx is absent. `measure` runs `powerfusion compile MODEL --target T` in a fresh process per
 run: cold with an empty cache folder (plan search, rendering), then warm twice with the same
 cache and output folders (the compiled result is found by the model's hash and the output
 folder is up to date: what a rebuild of an unchanged model costs). Target `cpu-session` times
@@ -101,6 +103,8 @@ def measure(models: Path, targets: list[str], names: list[str], warm_runs: int =
     rows = []
     for name in names:
         path = models / f"{name}.onnx"
+        if not path.exists():   # as zoo_models.py names its exports
+            path = models / f"{name}_b1_fp32.onnx"
         for target in targets:
             cache = Path(tempfile.mkdtemp(prefix="pf-bench-cache-"))
             out = cache / "out"   # one output folder: a warm compile finds it up to date

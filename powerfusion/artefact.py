@@ -62,21 +62,38 @@ def write_manifest(folder: str | os.PathLike, model_path: str, target: str, know
     """artefact.json for a folder `compile` has just written (after plan.json and sources).
     `known`: digests of output files the compile cache has just verified (a restored or up-to-date
     folder), so a warm compile does not read the model's constants again."""
-    import onnx
     from powerfusion.compile_cache import code_version, file_digest
     folder = Path(folder)
-    header = onnx.load(model_path, load_external_data=False)
-    initializers = {t.name for t in header.graph.initializer}
-    doc = {"format": FORMAT, "powerfusion": _version(), "toolchain": code_version(), "target": target,
-           "model": {"path": os.path.abspath(model_path), "sha256": file_digest(model_path)},
-           "inputs": [i.name for i in header.graph.input if i.name not in initializers],
-           "outputs": [o.name for o in header.graph.output],
-           "files": {name: (known or {}).get(name) or file_digest(folder / name) for name in _plan_files(folder)}}
     path = folder / MANIFEST
+    digest = file_digest(model_path)
+    inputs, outputs = _model_io(model_path, digest, path)
+    doc = {"format": FORMAT, "powerfusion": _version(), "toolchain": code_version(), "target": target,
+           "model": {"path": os.path.abspath(model_path), "sha256": digest},
+           "inputs": inputs, "outputs": outputs,
+           "files": {name: (known or {}).get(name) or file_digest(folder / name) for name in _plan_files(folder)}}
     text = json.dumps(doc, indent=1)
     if not path.is_file() or path.read_text() != text:   # an up-to-date folder is left alone
         path.write_text(text)
     return path
+
+
+def _model_io(model_path: str, digest: str, manifest: Path) -> tuple[list[str], list[str]]:
+    """The model's input names (less initializers) and output names: from the folder's manifest
+    where it was written for a model with these bytes (a warm compile: parsing a 500 MB model
+    again for two lists of names cost a second), else from the model."""
+    try:
+        old = json.loads(manifest.read_text())
+        names = old["inputs"], old["outputs"]
+        if old["model"]["sha256"] == digest and all(isinstance(x, list) and all(isinstance(n, str) for n in x)
+                                                    for x in names):
+            return list(old["inputs"]), list(old["outputs"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass   # no usable manifest: read the model
+    import onnx
+    header = onnx.load(model_path, load_external_data=False)
+    initializers = {t.name for t in header.graph.initializer}
+    return ([i.name for i in header.graph.input if i.name not in initializers],
+            [o.name for o in header.graph.output])
 
 
 def _version() -> str:

@@ -211,19 +211,36 @@ def _copy(src: Path, dst: Path) -> None:
 
 # ---- store --------------------------------------------------------------------------
 
+def _copy_hashing(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` (a new file) and return the SHA-256 of the bytes copied: one read of
+    the output folder's constants instead of a copy and a second read for the digest."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        for block in iter(lambda: fin.read(1 << 20), b""):
+            h.update(block)
+            fout.write(block)
+    digest = h.hexdigest()
+    for path in (src, dst):   # both hold these bytes: file_digest need not read them again
+        st = os.stat(path)
+        _DIGESTS[(os.path.abspath(path), st.st_size, st.st_mtime_ns)] = digest
+    return digest
+
+
 def store(key: str, out_dir: str | os.PathLike, files: list[str], summary: dict, external_data: list[str],
-          cache_dir=None) -> None:
+          cache_dir=None) -> dict:
     """Copy the just-written output files into a new entry and stamp the output folder; where the
-    cache folder cannot be written, warn once and leave the output folder as it is."""
+    cache folder cannot be written, warn once and leave the output folder as it is. Returns
+    {file: SHA-256} of the files copied ({} where nothing was stored), for the manifest."""
     try:
         metas = _store(key, Path(out_dir), files, summary, external_data, cache_dir)
     except OSError as e:
         from powerfusion.errors import cache_unusable
         cache_unusable("compile", root(cache_dir), e)
-        return
+        return {}
     write_stamp(Path(out_dir), key, metas)
     with contextlib.suppress(OSError):
         evict(cache_dir)
+    return {name: meta["sha256"] for name, meta in metas.items()}
 
 
 def _store(key: str, out: Path, files: list[str], summary: dict, external_data: list[str], cache_dir) -> dict:
@@ -233,8 +250,7 @@ def _store(key: str, out: Path, files: list[str], summary: dict, external_data: 
     try:
         metas = {}
         for name in files:
-            _copy(out / name, tmp / name)
-            metas[name] = {"size": (tmp / name).stat().st_size, "sha256": file_digest(tmp / name)}
+            metas[name] = {"size": (out / name).stat().st_size, "sha256": _copy_hashing(out / name, tmp / name)}
         deps = [{"path": os.path.abspath(p), "sha256": file_digest(p)} for p in external_data]
         info = {"format": FORMAT, "key": key, "files": metas, "summary": summary, "external_data": deps}
         info["sha256"] = _entry_digest(info)

@@ -68,10 +68,11 @@ def main(args) -> int:
     summary = {"kernels": sum(len(s.kernels) for s in plan.kernel_steps), "subgraphs": len(plan.kernel_steps),
                "library_calls": len(plan.library_steps)}
     _print_summary(args, summary)
+    digests = {}
     if use_cache:
-        compile_cache.store(key, path.parent, compile_cache.output_files(path), summary,
-                            plan.graph.metadata.get("external_data", []))
-    _write_manifest(args)
+        digests = compile_cache.store(key, path.parent, compile_cache.output_files(path), summary,
+                                      plan.graph.metadata.get("external_data", []))
+    _write_manifest(args, digests)
     t4 = time.perf_counter()
     if args.timings:
         if use_cache:

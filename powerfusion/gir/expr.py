@@ -10,7 +10,7 @@ patterns built twice compare equal.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Mapping
 
@@ -66,11 +66,26 @@ class Var(Expr):
     def __repr__(self): return self.name
 
 
+# Compound nodes keep their hash once computed: composed index maps are trees of thousands of
+# nodes, and the dataclass hash walked the whole tree at every dict or lru_cache lookup. The
+# value is the dataclass hash (the same number, so set and dict orders do not change); it is
+# not pickled (`__reduce__`), since string hashes differ between processes.
+_NO_HASH = field(default=None, init=False, repr=False, compare=False)
+
+
 @dataclass(frozen=True, slots=True)
 class BinOp(Expr):
     op: str
     a: Expr
     b: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.op, self.a, self.b)))
+        return self._hash
+
+    def __reduce__(self): return (BinOp, (self.op, self.a, self.b))
 
     def __repr__(self):
         sym = _C_BINOPS.get(self.op)
@@ -82,6 +97,14 @@ class Select(Expr):
     cond: Expr
     a: Expr
     b: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.cond, self.a, self.b)))
+        return self._hash
+
+    def __reduce__(self): return (Select, (self.cond, self.a, self.b))
 
     def __repr__(self): return f"({self.cond!r} ? {self.a!r} : {self.b!r})"
 
@@ -91,6 +114,14 @@ class Load(Expr):
     """The integer stored at `buffer[index]` (a global buffer: gather indices)."""
     buffer: str
     index: Expr
+    _hash: int | None = _NO_HASH
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.buffer, self.index)))
+        return self._hash
+
+    def __reduce__(self): return (Load, (self.buffer, self.index))
 
     def __repr__(self): return f"{self.buffer}[{self.index!r}]"
 
@@ -134,7 +165,7 @@ def binop(op: str, a, b) -> Expr:
         if b == ONE: return a
     elif op == "mod":
         if b == ONE: return ZERO
-    return BinOp(op, a, b)
+    return _shared(BinOp, op, a, b)
 
 
 def select(cond, a, b) -> Expr:
@@ -143,7 +174,42 @@ def select(cond, a, b) -> Expr:
         return a if cond.value else b
     if a == b:
         return a
-    return Select(cond, a, b)
+    return _shared(Select, cond, a, b)
+
+
+def _shared(cls, *parts):
+    """The node `cls(*parts)`, the same object as an equal node built before (while the table
+    holds it): substitution and composition rebuild the same subexpressions again and again,
+    and shared objects let evaluation, hashing and the simplifier's memos meet each once.
+    Equality is structural either way; sharing only saves work."""
+    key = (cls, *map(_part_key, parts))
+    hit = _SHARED.get(key)
+    if hit is None:
+        if len(_SHARED) >= 1 << 18:
+            _SHARED.clear()
+        hit = _SHARED[key] = cls(*parts)
+    return hit
+
+
+def shared_node(cls, *parts) -> Expr:
+    """`cls(*parts)` for a compound node class (BinOp, Select, Load), exactly as given (no
+    folding), shared like the nodes `binop` builds: for readers that rebuild trees (the plan
+    cache's decoding and renaming)."""
+    if cls not in (BinOp, Select, Load):
+        raise TypeError(f"not a compound index expression class: {cls}")
+    return _shared(cls, *parts)
+
+
+def _part_key(p):
+    """Leaves and strings by value, subexpressions by identity (the table's node holds them, so
+    their ids stay theirs while the entry lives)."""
+    if isinstance(p, Const): return ("c", type(p.value), p.value)   # Const(True) renders unlike Const(1)
+    if isinstance(p, Var): return ("v", p.name)
+    if isinstance(p, str): return p
+    return id(p)
+
+
+_SHARED: dict[tuple, Expr] = {}
 
 
 def emin(a, b) -> Expr: return binop("min", a, b)
@@ -170,37 +236,65 @@ def loads(e: Expr) -> frozenset[str]:
     raise TypeError(e)
 
 
-def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
-    """Replace variables by expressions (rebuilding, so constants fold again)."""
+def substitute(e: Expr, mapping: Mapping[str, Expr], seen: dict | None = None) -> Expr:
+    """Replace variables by expressions (rebuilding, so constants fold again). A node object
+    met again in the tree is rebuilt once (composition shares subexpressions: walking the
+    tree as written grows exponentially with the depth of composition)."""
     if isinstance(e, Var): return mapping.get(e.name, e)
     if isinstance(e, Const): return e
-    if isinstance(e, BinOp): return binop(e.op, substitute(e.a, mapping), substitute(e.b, mapping))
-    if isinstance(e, Select):
-        return select(substitute(e.cond, mapping), substitute(e.a, mapping), substitute(e.b, mapping))
-    if isinstance(e, Load): return Load(e.buffer, substitute(e.index, mapping))
-    raise TypeError(e)
+    seen = {} if seen is None else seen
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit[1]
+    if isinstance(e, BinOp):
+        out = binop(e.op, substitute(e.a, mapping, seen), substitute(e.b, mapping, seen))
+    elif isinstance(e, Select):
+        out = select(substitute(e.cond, mapping, seen), substitute(e.a, mapping, seen),
+                     substitute(e.b, mapping, seen))
+    elif isinstance(e, Load):
+        out = Load(e.buffer, substitute(e.index, mapping, seen))
+    else:
+        raise TypeError(e)
+    seen[id(e)] = (e, out)   # held with its result, so its id stays its own
+    return out
 
 
 def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
-    """Vectorised evaluation: variables bound to broadcastable int64 arrays."""
+    """Vectorised evaluation: variables bound to broadcastable int64 arrays. A node object that
+    occurs several times in the tree is evaluated once per call: composed index maps repeat
+    the same subexpressions many times over (a Swin window shift's tree of 6000 nodes has under
+    100 distinct ones), and `binop`/`select` hand back one shared object for equal nodes."""
+    return _value(e, env, buffers, {})
+
+
+def _value(e: Expr, env, buffers, seen: dict):
     if isinstance(e, Const): return np.int64(e.value)
     if isinstance(e, Var): return env[e.name]
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit[1]
     if isinstance(e, BinOp):
-        a, b = evaluate(e.a, env, buffers), evaluate(e.b, env, buffers)
-        if e.op in ("floordiv", "mod"):
-            b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
-        if e.op in _ARITH:   # a comparison is 0 or 1 in arithmetic, as in C (numpy: True + True is True)
-            a, b = _as_int(a), _as_int(b)
-        return _NP_BINOPS[e.op](a, b)
-    if isinstance(e, Select):
-        return np.where(evaluate(e.cond, env, buffers), evaluate(e.a, env, buffers), evaluate(e.b, env, buffers))
-    if isinstance(e, Load):
+        out = _binop_values(e.op, _value(e.a, env, buffers, seen), _value(e.b, env, buffers, seen))
+    elif isinstance(e, Select):
+        out = np.where(_value(e.cond, env, buffers, seen), _value(e.a, env, buffers, seen),
+                       _value(e.b, env, buffers, seen))
+    elif isinstance(e, Load):
         if buffers is None or e.buffer not in buffers:
             raise KeyError(f"expression loads from '{e.buffer}', which is not available")
         data = buffers[e.buffer].reshape(-1)
-        idx = np.clip(evaluate(e.index, env, buffers), 0, data.size - 1)
-        return data[idx].astype(np.int64)
-    raise TypeError(e)
+        out = data[np.clip(_value(e.index, env, buffers, seen), 0, data.size - 1)].astype(np.int64)
+    else:
+        raise TypeError(e)
+    seen[id(e)] = (e, out)   # the node is held with its value, so its id stays its own
+    return out
+
+
+def _binop_values(op: str, a, b):
+    if op in ("floordiv", "mod"):
+        b = np.where(b == 0, 1, b) if isinstance(b, np.ndarray) else b
+    if op in _ARITH:   # a comparison is 0 or 1 in arithmetic, as in C (numpy: True + True is True)
+        a, b = _as_int(a), _as_int(b)
+    return _NP_BINOPS[op](a, b)
 
 
 _ARITH = frozenset(("add", "sub", "mul", "floordiv", "mod", "min", "max"))

@@ -329,12 +329,31 @@ def sorted_once(units: np.ndarray) -> bool:
 _SORTED_BY_ID: dict[int, tuple] = {}
 
 
+def _range_once(units: np.ndarray) -> bool:
+    """`units` are consecutive ids lo, lo+1, ..., hi, remembered by identity for the shared
+    read-only arrays; other arrays are not checked (False: the caller searches)."""
+    if units.flags.writeable or units.base is not None or units.ndim != 1:
+        return False
+    hit = _RANGE_BY_ID.get(id(units))
+    if hit is None or hit[0] is not units:
+        if len(_RANGE_BY_ID) >= 4096:
+            _RANGE_BY_ID.clear()
+        run = units.size > 0 and int(units[-1]) - int(units[0]) + 1 == units.size and bool(np.all(np.diff(units) == 1))
+        hit = _RANGE_BY_ID[id(units)] = (units, run)
+    return hit[1]
+
+
+_RANGE_BY_ID: dict[int, tuple] = {}
+
+
 def member_mask(values: np.ndarray, units: np.ndarray) -> np.ndarray:
     """np.isin(values, units) by binary search when `units` is sorted (active units are): the
     cost follows the (sampled) values, not the millions of units."""
     units = np.asarray(units)
     if units.size == 0:
         return np.zeros(np.shape(values), bool)
+    if _range_once(units):   # 0..n-1 or any run of consecutive ids: two comparisons, no search
+        return (values >= units[0]) & (values <= units[-1])
     if sorted_once(units):
         at = np.minimum(np.searchsorted(units, values), units.size - 1)
         return units[at] == values

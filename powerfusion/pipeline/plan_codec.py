@@ -1,7 +1,12 @@
 """Plan-cache entries as plain JSON data: nothing read from a cache can run code.
 
 A value is written as JSON; a frozen dataclass of the GIR / search vocabulary as
-`{"$": class name, field: value, ...}` and an enum as `{"$": name, "v": int}`. Reading
+`{"$": class name, field: value, ...}` (fields in name order) and an enum as
+`{"$": name, "v": int}`. An index subexpression (BinOp, Select, Load) written before in the
+same entry is written again as `{"$": "ref", "v": n}`, n counting the subexpressions in the
+order their writing finished: composed index maps repeat subexpressions so often that the
+expanded trees of one Swin subgraph took 33 MB. Reading resolves a reference only to a
+subexpression already read (no cycles) and builds shared nodes (`gir.expr`). Reading
 builds only the classes in `_CLASSES`, through their own constructors, with exactly
 their fields, and checks the strings that later choose code (scalar function names,
 index operators, dtypes) against the tables that hold them. JSON arrays come back as
@@ -19,7 +24,7 @@ import math
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, Load, Select, Var, _C_BINOPS, _PY_BINOPS
+from powerfusion.gir.expr import BinOp, Const, Load, Select, Var, _C_BINOPS, _PY_BINOPS, shared_node
 from powerfusion.gir.ir import (Broadcast, Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move,
                                 Parallel, Reduce, Scope, Sync)
 
@@ -44,8 +49,15 @@ def _classes() -> dict[str, type]:
     return {c.__name__: c for c in _BASE + _search_classes()}
 
 
+_SHARED_EXPRS = (BinOp, Select, Load)
+
+
 def encode(x):
     """JSON-ready data for `x`; TypeError for anything outside the vocabulary (numpy arrays included)."""
+    return _encode(x, {}, _classes())
+
+
+def _encode(x, refs: dict, classes):
     if x is None or isinstance(x, (bool, str, int)) and not isinstance(x, enum.Enum):
         return x
     if isinstance(x, float):
@@ -55,28 +67,51 @@ def encode(x):
     if isinstance(x, (np.integer, np.bool_)):
         return int(x)
     if isinstance(x, np.floating):
-        return encode(float(x))
+        return _encode(float(x), refs, classes)
     if isinstance(x, (tuple, list)):
-        return [encode(v) for v in x]
-    if dataclasses.is_dataclass(x) and type(x).__name__ in _classes():
-        return {"$": type(x).__name__, **{f.name: encode(getattr(x, f.name))
-                                         for f in dataclasses.fields(x) if f.init}}
+        return [_encode(v, refs, classes) for v in x]
+    if dataclasses.is_dataclass(x) and type(x).__name__ in classes:
+        shared = isinstance(x, _SHARED_EXPRS)
+        if shared and x in refs:
+            return {"$": "ref", "v": refs[x]}
+        out = {"$": type(x).__name__}
+        for name in _field_names(type(x)):   # name order: the order reading visits them (sorted JSON keys)
+            out[name] = _encode(getattr(x, name), refs, classes)
+        if shared:
+            refs[x] = len(refs)
+        return out
     raise TypeError(f"plan cache cannot store a {type(x).__name__}")
+
+
+def _field_names(cls) -> tuple[str, ...]:
+    """The constructor fields of a vocabulary class, in name order."""
+    hit = _FIELDS.get(cls)
+    if hit is None:
+        hit = _FIELDS[cls] = tuple(sorted(f.name for f in dataclasses.fields(cls) if f.init))
+    return hit
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def decode(d):
     """The value `encode` wrote; CodecError for anything else."""
-    return _decode(d, _classes())
+    return _decode(d, _classes(), [])
 
 
-def _decode(d, classes):
+def _decode(d, classes, refs: list):
     if d is None or isinstance(d, (bool, str, int, float)):
         return d
     if isinstance(d, list):
-        return tuple(_decode(v, classes) for v in d)
+        return tuple(_decode(v, classes, refs) for v in d)
     if not isinstance(d, dict) or not isinstance(d.get("$"), str):
         raise CodecError(f"unexpected value {type(d).__name__}")
     name = d["$"]
+    if name == "ref":
+        n = d.get("v")
+        if type(n) is not int or not 0 <= n < len(refs) or len(d) != 2:
+            raise CodecError("bad reference")
+        return refs[n]
     if name == "float":
         if d.get("v") not in ("inf", "-inf", "nan"):
             raise CodecError("bad float")
@@ -89,15 +124,19 @@ def _decode(d, classes):
     cls = classes.get(name)
     if cls is None:
         raise CodecError(f"unknown class {name!r}")
-    expected = {f.name for f in dataclasses.fields(cls) if f.init}
+    expected = _field_names(cls)
     given = set(d) - {"$"}
-    if not given <= expected:
-        raise CodecError(f"{name}: unknown field(s) {sorted(given - expected)}")
-    kw = {k: _decode(v, classes) for k, v in d.items() if k != "$"}
+    if not given <= set(expected):
+        raise CodecError(f"{name}: unknown field(s) {sorted(given - set(expected))}")
+    kw = {k: _decode(d[k], classes, refs) for k in expected if k in d}   # name order, as written
     _check(cls, kw)
     try:
+        if cls in _SHARED_EXPRS:
+            out = shared_node(cls, *(kw[f.name] for f in dataclasses.fields(cls) if f.init))
+            refs.append(out)
+            return out
         return cls(**kw)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise CodecError(f"{name}: {e}") from None
 
 

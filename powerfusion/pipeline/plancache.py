@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from powerfusion.basic import BasicGraph, Subgraph
-from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var
+from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, loads, shared_node
 from powerfusion.gir.ir import GIRGraph, MemorySlice
 from powerfusion.targets.specs import TargetSpec
 
-FORMAT = 3      # 3: JSON entries carrying their key and a SHA-256 of their content
+FORMAT = 4      # 3: JSON entries carrying their key and a SHA-256 of their content; 4: shared subexpressions
 _MEMO: dict[str, tuple] = {}   # key -> (PlanChoice as built for the first subgraph seen, its _Names)
 MAX_ENTRY_BYTES = 64 << 20   # a larger file is not one of ours
 _CODE_DIRS = ("gir", "templates", "rewrite", "perfmodel", "pipeline", "targets")
@@ -295,16 +295,26 @@ def rename(g: GIRGraph, m: dict[str, str], nodes: dict[str, str] | None = None) 
                    constants=tuple((m.get(n, n), v) for n, v in g.constants))
 
 
-def _rx(e: Expr, m: dict[str, str]) -> Expr:
-    if isinstance(e, (Var, Const)):
+def _rx(e: Expr, m: dict[str, str], seen: dict | None = None) -> Expr:
+    """`e` with its loads' buffers renamed by `m`. A subexpression with no load is `e`'s own
+    (nothing to rename), and one met again is renamed once: composed index maps share their
+    subexpressions, and rebuilding them as a tree took longer than the search."""
+    if isinstance(e, (Var, Const)) or not loads(e):
         return e
+    seen = {} if seen is None else seen
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit[1]
     if isinstance(e, BinOp):
-        return BinOp(e.op, _rx(e.a, m), _rx(e.b, m))
-    if isinstance(e, Select):
-        return Select(_rx(e.cond, m), _rx(e.a, m), _rx(e.b, m))
-    if isinstance(e, Load):
-        return Load(m.get(e.buffer, e.buffer), _rx(e.index, m))
-    raise TypeError(e)
+        out = shared_node(BinOp, e.op, _rx(e.a, m, seen), _rx(e.b, m, seen))
+    elif isinstance(e, Select):
+        out = shared_node(Select, _rx(e.cond, m, seen), _rx(e.a, m, seen), _rx(e.b, m, seen))
+    elif isinstance(e, Load):
+        out = shared_node(Load, m.get(e.buffer, e.buffer), _rx(e.index, m, seen))
+    else:
+        raise TypeError(e)
+    seen[id(e)] = (e, out)
+    return out
 
 
 def _no_constants(g: GIRGraph) -> GIRGraph:

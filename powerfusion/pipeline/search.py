@@ -443,9 +443,16 @@ def _verified(ranked: list[_Cand], need: int) -> tuple[list[_Cand], int]:
 
 
 def _renderer(t: TargetSpec):
-    """The renderer the search tries each candidate on, where the target's backend asks for it."""
-    entry = backend(t.backend)
-    return entry.load_renderer() if entry.render_in_search else None
+    """The renderer the search tries each candidate on, where the target's backend asks for it:
+    one per backend for the process (a renderer compiles its Jinja skeletons once; a new one per
+    candidate compiled them again for every plan tried)."""
+    if t.backend not in _RENDERERS:
+        entry = backend(t.backend)
+        _RENDERERS[t.backend] = entry.load_renderer() if entry.render_in_search else None
+    return _RENDERERS[t.backend]
+
+
+_RENDERERS: dict = {}   # backend name -> its renderer (or None: the backend renders nothing in the search)
 
 
 def optimistic_seconds(merged: GIRGraph, t: TargetSpec) -> float:

@@ -41,13 +41,14 @@ def _conditions(w: MemorySlice, wop: GOp, r: MemorySlice, c: Coords):
     return [None, guard, ranges, _and(guard, ranges), exact]
 
 
-def _pick(cands, covered, units, r: MemorySlice, buffers):
+def _pick(cands, covered, units, rvalid: np.ndarray, r: MemorySlice, buffers):
+    """The first candidate condition that holds exactly where the writer covers the reader;
+    `rvalid`: the reader's valid mask over `units` (the caller has it already)."""
     for e in cands:
         try:
             v = eval_over(e, units, r.num, r.width, buffers).astype(bool).reshape(len(units), -1)
         except KeyError:
             continue
-        rvalid = eval_over(r.valid, units, r.num, r.width, buffers).astype(bool).reshape(len(units), -1)
         if np.array_equal(v & rvalid, covered):
             return e, True
     return None, False
@@ -101,7 +102,7 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             total += covered
             if not covered.any():
                 continue
-            cond, ok = _pick(_conditions(p1, wop, p2, c), covered, check, p2, data)
+            cond, ok = _pick(_conditions(p1, wop, p2, c), covered, check, rvalid, p2, data)
             if not ok:
                 return None
             parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data))

@@ -216,8 +216,9 @@ def _writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units:
     if not _injective(w, w_units, parallel, buffers):
         return None
     r_units = sampled_units(r_units, r.count, exprs=(r.index, w.index))
+    reader: dict = {}
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
-        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers, reader)
         if ev is not None and bool(np.all(ev[0] | ~ev[2])):
             return c
     return None
@@ -276,9 +277,9 @@ def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
     valid reader elements this writer wrote (coords exact there, `need` met); None if unsure."""
     if not _injective(w, w_units, parallel, buffers):
         return None
-    best = None
+    best, reader = None, {}
     for c in _tries(w, w_units, r, r_units, parallel, need, buffers):
-        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers)
+        ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers, reader)
         if ev is None:
             continue
         ok, hit, rmask = ev
@@ -307,17 +308,24 @@ def eval_over(e: Expr | None, units, num: int, width: int, buffers=None) -> np.n
     return np.broadcast_to(evaluate(e, _grid(units, num, width), buffers), shape)
 
 
-def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers):
+def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers, reader: dict | None = None):
     """(ok, hit, rmask) over the reader grid: hit = the writer wrote the element read, at these
-    coordinates; ok = hit and `need` holds; rmask = the reader reads it. None when undecidable."""
+    coordinates; ok = hit and `need` holds; rmask = the reader reads it. None when undecidable.
+    `reader`: a dict the caller keeps across its tries of coordinates for the same reader and
+    units; the reader's grid, addresses and mask are evaluated once into it (read-only after)."""
     shape = (len(r_units), r.num, r.width)
     if len(r_units) == 0:
         z = np.zeros(shape, bool)
         return z, z, z
-    env = _grid(r_units, r.num, r.width)
+    reader = {} if reader is None else reader
     try:
-        addr = _full(evaluate(r.index, env, buffers), shape)
-        rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None else np.ones(shape, bool)
+        if "addr" not in reader:
+            env = _grid(r_units, r.num, r.width)
+            addr = _full(evaluate(r.index, env, buffers), shape)
+            rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None \
+                else np.ones(shape, bool)
+            reader.update(env=env, addr=addr, rmask=rmask)
+        env, addr, rmask = reader["env"], reader["addr"], reader["rmask"]
         u1, i1, j1 = (_full(evaluate(e, env, buffers), shape) for e in (c.u, c.i, c.j))
         inside = member_mask(u1, w_units) & (i1 >= 0) & (i1 < w.num) & (j1 >= 0) & (j1 < w.width)
         wenv = {"u": np.where(inside, u1, w_units[0] if len(w_units) else 0), "i": np.where(inside, i1, 0),
@@ -414,36 +422,37 @@ def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, bu
     env = _grid(units, num, width)
     full = _full(evaluate(e, env, buffers), shape)
     factors = _factors(_all_divisors(e))
-    # Everywhere (the usual case): a digit depends on one axis only, so its values are
-    # computed on that axis and broadcast, instead of over every element (same numbers).
+    # A digit depends on one axis only, so its values are computed on that axis and broadcast
+    # (or picked at the sampled elements) instead of over every element (the same numbers).
     dense = full.size > 0 and bool(where.all())
     target = full if dense else full[where]
-    digits = []   # (var, lo, hi, extent used, values: per element, or per axis when dense)
+    # the axis positions holding a selected element: each digit's extent is the largest seen there
+    present = None if dense else (where.any(axis=(1, 2)), where.any(axis=(0, 2)), where.any(axis=(0, 1)))
+    digits = []   # (var, lo, hi, extent used, values along its axis, axis)
     for axis, (var, ext) in enumerate(((U, int(units.max()) + 1), (I, num), (J, width))):
         if ext <= 1:
             continue
-        vals = env[var.name].reshape(-1) if dense else np.broadcast_to(env[var.name], shape)[where]
-        seen = int(vals.max()) + 1 if vals.size else 1
+        vals = env[var.name].reshape(-1)
+        used = vals if dense else vals[present[axis]]
+        seen = int(used.max()) + 1 if used.size else 1
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo, axis))
     rows = np.arange(target.size)
     if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
         rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
-    if dense:   # row r of the flattened grid is (r // (num*width), r // width % num, r % width)
-        at = (rows // (num * width), rows // width % num, rows % width)
-        cols = [d[4][at[d[5]]] for d in digits]
-        sample = target.reshape(-1)[rows]
-    else:
-        cols = [d[4][rows] for d in digits]
-        sample = target[rows]
+    # element r of the flattened grid is (r // (num*width), r // width % num, r % width)
+    flat = rows if dense else np.flatnonzero(where.reshape(-1))[rows]
+    at = (flat // (num * width), flat // width % num, flat % width)
+    cols = [d[4][at[d[5]]] for d in digits]
+    sample = target.reshape(-1)[rows]
     A = np.stack([np.ones(rows.size)] + [c.astype(np.float64) for c in cols], axis=1)
     coef = np.rint(np.linalg.lstsq(A, sample.astype(np.float64), rcond=None)[0]).astype(np.int64)
-    got = np.full(target.shape, coef[0], np.int64)
+    got = np.full(shape, coef[0], np.int64)
     for d, c in zip(digits, coef[1:]):
         if c:
-            got += (d[4] * c).reshape([-1 if k == d[5] else 1 for k in range(3)]) if dense else d[4] * c
-    if not np.array_equal(got, target):
+            got += (d[4] * c).reshape([-1 if k == d[5] else 1 for k in range(3)])
+    if not np.array_equal(got if dense else got[where], target):
         return None
     out: Expr = Const(int(coef[0]))
     run = None   # (var, lo, base coefficient, next lo, extent): digits that form one wider digit

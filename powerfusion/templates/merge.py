@@ -21,7 +21,8 @@ merged in topological order (docs/design.md, "The pipeline").
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import numpy as np
@@ -60,6 +61,7 @@ class MergePlan:
         # (id producer, id consumer, buffer) -> (lines up, same tiles, producer, consumer): the
         # candidates are held so that their ids stay theirs while the entry lives
         self.memo: dict[tuple, tuple] = {}
+        self.sides: dict[tuple, tuple] = {}   # (id candidate, buffer, write) -> (_Side, candidate)
         self.default: dict[str, Candidate] | None = None   # _best_descent without fixed choices
         self.descents: dict[tuple, dict[str, Candidate]] = {}   # (sweeps, family) -> unconstrained _descend
 
@@ -85,8 +87,19 @@ class MergePlan:
         key = (id(p), id(c), buffer)
         hit = self.memo.get(key)
         if hit is None:
-            hit = self.memo[key] = (_lines_up_shared(p, c, buffer), same_tiles(p, c, buffer), p, c)
+            ws, rs = self.side(p, buffer, True), self.side(c, buffer, False)
+            hit = self.memo[key] = (_lines_up_shared(p, c, buffer, ws, rs), bool(ws.tiles) and ws.tiles == rs.tiles,
+                                    p, c)
         return hit[0], hit[1]
+
+    def side(self, cand: Candidate, buffer: str, write: bool) -> "_Side":
+        """The candidate's stores (write) or loads of `buffer`, with their memo key, once per
+        candidate: every pairing with the other op's candidates looks at the same accesses."""
+        key = (id(cand), buffer, write)
+        hit = self.sides.get(key)
+        if hit is None:
+            hit = self.sides[key] = (_side(cand, buffer, write), cand)
+        return hit[0]
 
     def internal_edges(self):
         """(producer node, consumer node, buffer) for tensors made and used inside the subgraph."""
@@ -140,10 +153,20 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
             return True
         if not _within_range(ws[0], rs[0], readers[:1]):
             return False
-    wk = [_keys(w, _members(readers, wu), lanes) for w, wu in ws]
-    rk = [_keys(r, _members(readers, ru), lanes) for r, ru in rs]
-    if any(k is None for k in wk + rk):
+    if len(readers) > 1 and not _keys_line_up(ws, rs, readers[len(readers) // 2:][:1], lanes):
+        return False   # one unit's reads not among its writes: most pairs of candidates fail here
+    return _keys_line_up(ws, rs, readers, lanes)
+
+
+def _keys_line_up(ws, rs, readers: np.ndarray, lanes: int) -> bool:
+    """Every (unit, address, lane) that the `readers` read is one they wrote. The keys carry the
+    unit, so the test holds for a set of units exactly when it holds for each of them: a failing
+    subset decides the whole sample (lines_up tries one unit first, cheaply)."""
+    if any(_slice_loads(x) for x, _ in ws + rs):
         return False  # data-dependent addresses never line up
+    # accesses none of the readers runs add no keys (a concat's writers each cover a few units)
+    wk = [_keys(w, m, lanes) for w, wu in ws if (m := _members(readers, wu)).size] or [np.zeros(0, np.int64)]
+    rk = [_keys(r, m, lanes) for r, ru in rs if (m := _members(readers, ru)).size] or [np.zeros(0, np.int64)]
     w, r = np.concatenate(wk), np.concatenate(rk)
     if w.size > 1 and not np.all(w[1:] >= w[:-1]):  # row-major writes come out sorted already
         w = np.sort(w)
@@ -152,17 +175,48 @@ def lines_up(producer: Candidate, consumer: Candidate, buffer: str, sample: int 
     return bool(np.all(w[np.minimum(np.searchsorted(w, r), w.size - 1)] == r))
 
 
-def _lines_up_shared(producer: Candidate, consumer: Candidate, buffer: str) -> bool:
+@dataclass(frozen=True)
+class _Side:
+    """One candidate's GLOBAL stores or loads of a buffer, as lines_up and same_tiles see them."""
+    accesses: tuple                # (slice, active units) per access
+    lanes: int
+    units_per_group: int
+    data_dependent: bool           # a slice's index or validity loads data: not memoised across candidates
+    key: int                       # interned (slices less the buffer's name, unit-set keys)
+    tiles: frozenset               # {(num, width)} of the accesses
+
+
+def _side(cand: Candidate, buffer: str, write: bool) -> _Side:
+    g = cand.build()
+    acc = tuple(_accesses(g, buffer, write))
+    loaded = any(_slice_loads(x) for x, _ in acc)
+    key = -1 if loaded else _intern(tuple((replace(x, buffer=""), units_key(u)) for x, u in acc))
+    return _Side(acc, g.parallel.lanes, g.parallel.units_per_group, loaded, key,
+                 frozenset((s.num, s.width) for s, _ in acc))
+
+
+def _intern(key: tuple) -> int:
+    """A small int for an access key (hashing the slices' expression trees again for every
+    pairing cost more than the pairing's own check)."""
+    hit = _SIDE_IDS.get(key)
+    if hit is None:
+        if len(_SIDE_IDS) >= 1 << 15:
+            _SIDE_IDS.clear()     # ids are never reused (the counter runs on): old memo keys just miss
+        hit = _SIDE_IDS[key] = next(_SIDE_COUNTER)
+    return hit
+
+
+_SIDE_IDS: dict[tuple, int] = {}
+_SIDE_COUNTER = itertools.count()
+
+
+def _lines_up_shared(producer: Candidate, consumer: Candidate, buffer: str, ws: _Side, rs: _Side) -> bool:
     """lines_up, memoised across candidates, plans and subgraphs by what it looks at: the
     parallel structures and the accesses of the buffer (slices with the buffer's name left
     out, and their units). Candidates of different ops and repeated layers share most edges."""
-    gp, gc = producer.build(), consumer.build()
-    ws, rs = _accesses(gp, buffer, True), _accesses(gc, buffer, False)
-    if any(_slice_loads(x) for x, _ in ws + rs):
+    if ws.data_dependent or rs.data_dependent:
         return lines_up(producer, consumer, buffer)
-    key = (gp.parallel.lanes, gp.parallel.units_per_group, gc.parallel.lanes, gc.parallel.units_per_group,
-           tuple((replace(x, buffer=""), units_key(u)) for x, u in ws),
-           tuple((replace(x, buffer=""), units_key(u)) for x, u in rs))
+    key = (ws.lanes, ws.units_per_group, rs.lanes, rs.units_per_group, ws.key, rs.key)
     hit = _LINES_UP.get(key)
     if hit is None:
         if len(_LINES_UP) >= 1 << 14:

@@ -88,3 +88,30 @@ def test_an_edited_entry_fails_its_hash(cache):
     plancache.clear_memo()
     assert plancache.read_entry(path.read_text(), key) is None
     assert choose_plan(sub, graph, H100, limit=4, beam=2).source == "search"
+
+
+def test_repeated_subexpressions_are_written_once_and_read_back_shared():
+    from powerfusion.gir.expr import I, U, Load, select
+    from powerfusion.pipeline.plan_codec import encode
+    e = (U * 3 + I) // 4
+    value = (select(e.lt(5), e + e, Load("x", e)), e)
+    data = json.loads(json.dumps(encode(value), sort_keys=True))   # as the cache writes it
+    assert json.dumps(data).count('"floordiv"') == 1   # written once, referred to after
+    back = decode(data)
+    assert back == value and repr(back) == repr(value)
+    assert back[0].a.a is back[0].a.b is back[1]
+
+
+def test_a_reference_resolves_only_to_a_subexpression_read_before_it():
+    u = {"$": "Var", "name": "u"}
+    for hostile in ({"$": "ref", "v": 0}, {"$": "ref", "v": -1}, {"$": "ref", "v": True}, {"$": "ref", "v": "0"},
+                    {"$": "BinOp", "op": "add", "a": {"$": "ref", "v": 0}, "b": u},   # itself: a cycle
+                    {"$": "BinOp", "op": "add", "a": {"$": "BinOp", "op": "add", "a": u, "b": u},
+                     "b": {"$": "ref", "v": 1}},
+                    {"$": "BinOp", "op": "add", "a": {"$": "BinOp", "op": "add", "a": u, "b": u},
+                     "b": {"$": "ref", "v": 0, "w": 1}}):
+        try:
+            decode(hostile)
+        except CodecError:
+            continue
+        raise AssertionError(f"decoded {hostile}")
