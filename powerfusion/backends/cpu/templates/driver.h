@@ -142,6 +142,18 @@ typedef struct {
   long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw, rows, nbuf;
 } pf_conv_shape;
 
+/* each tap column kj's valid output columns [los[kj], his[kj]) of a row, computed once a row
+   (two divisions a tap and output row cost more than the row's multiply-adds) */
+static void pf_tap_ranges(const pf_conv_shape *s, long long *los, long long *his) {
+  for (long long kj = 0; kj < s->kw; ++kj) {
+    long long jo = kj * s->dw - s->pw;
+    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;
+    his[kj] = (s->w - jo + s->sw - 1) / s->sw;
+    if (his[kj] > s->ow) his[kj] = s->ow;
+    if (los[kj] > his[kj]) los[kj] = his[kj];
+  }
+}
+
 #define PF_DEFINE_CONV(NAME, T, GEMM, ACT)                                                          \
 /* depthwise (one input channel a group, one output channel each): channel-blocked. A job is a      \
    block of CB channels (one 64-byte vector of T) over a strip of output rows: it gathers the       \
@@ -234,12 +246,7 @@ static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *
   /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
      row's multiply-adds: a 240-channel 14x14 5x5 depthwise conv 0.81 -> 0.64 ms, one thread) */                \
   long long los[s->kw], his[s->kw];                                                                  \
-  for (long long kj = 0; kj < s->kw; ++kj) {                                                         \
-    long long jo = kj * s->dw - s->pw;                                                               \
-    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                               \
-    his[kj] = (s->w - jo + s->sw - 1) / s->sw;                                                       \
-    if (his[kj] > s->ow) his[kj] = s->ow;                                                            \
-  }                                                                                                  \
+  pf_tap_ranges(s, los, his);                                                                        \
   _Pragma("omp parallel for schedule(static) if(big)")                                               \
   for (long long job = 0; job < s->n * s->m * s->oh; ++job) {                                        \
     long long oi = job % s->oh, no = job / s->oh, o = no % s->m, img = no / s->m;                    \
@@ -270,13 +277,7 @@ static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi,
   /* each tap column's valid output range once, and the rows as nested loops: three divisions       \
      a matrix row made an 8-output 7x7 stride-2 convolution over 64x64 mostly division */           \
   long long los[s->kw], his[s->kw];                                                                 \
-  for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
-    long long jo = kj * s->dw - s->pw;                                                              \
-    los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;                                              \
-    his[kj] = (s->w - jo + s->sw - 1) / s->sw;                                                      \
-    if (his[kj] > s->ow) his[kj] = s->ow;                                                           \
-    if (los[kj] > his[kj]) los[kj] = his[kj];                                                       \
-  }                                                                                                 \
+  pf_tap_ranges(s, los, his);                                                                       \
   T *orow = cols + (oi - r0) * s->ow;                                                               \
   for (long long ch = 0; ch < s->c; ++ch)                                                           \
     for (long long ki = 0; ki < s->kh; ++ki) {                                                      \
