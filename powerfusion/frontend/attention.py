@@ -28,8 +28,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.basic import (Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce, Reshape,
-                               Transpose)
+from powerfusion.basic import (
+    Attention,
+    BasicGraph,
+    BasicNode,
+    Broadcast,
+    Elementwise,
+    MatMul,
+    Reduce,
+    Reshape,
+    Transpose,
+)
 
 LOW_PRECISION = ("float16", "bfloat16")
 MAX_HEAD = 128
@@ -293,7 +302,7 @@ def _constant_scalar(graph: BasicGraph, producer, t: str) -> float | None:
 def _drops_leading_ones(graph: BasicGraph, r: BasicNode) -> bool:
     """A Reshape whose input and output differ only by leading extent-1 axes."""
     a, b = graph.tensors[r.inputs[0]].shape, graph.tensors[r.outputs[0]].shape
-    strip = lambda s: tuple(s[next((i for i, d in enumerate(s) if d != 1), len(s)):])   # noqa: E731
+    strip = lambda s: tuple(s[next((i for i, d in enumerate(s) if d != 1), len(s)):])
     return strip(a) == strip(b)
 
 

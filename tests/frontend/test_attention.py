@@ -10,7 +10,9 @@ import copy
 
 import numpy as np
 import pytest
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
 from powerfusion.basic import Attention, MatMul, Reshape, Transpose
 from powerfusion.frontend import import_model, run_basic_graph
@@ -119,15 +121,15 @@ def test_fused_attention_matches_the_decomposed_graph(guard, mask, merge):
 
 @pytest.mark.parametrize("case", ["fp32", "head_12", "probabilities_are_an_output"])
 def test_not_fused(case):
-    kw = {"fp32": dict(dtype=np.float32), "head_12": dict(head=12),
-          "probabilities_are_an_output": dict(extra_use=True)}[case]
+    kw = {"fp32": {"dtype": np.float32}, "head_12": {"head": 12},
+          "probabilities_are_an_output": {"extra_use": True}}[case]
     graph = import_model(_model(**kw))
     assert fuse_attention(graph) == 0
 
 
 def test_only_cuda_partitions_get_the_fused_op():
     from powerfusion.pipeline.driver import CompileOptions, front
-    lib = lambda part: [c.node.op for c in part.library_calls]   # noqa: E731
+    lib = lambda part: [c.node.op for c in part.library_calls]
     cuda = front(_model(guard=True, mask="causal"), "cuda", CompileOptions())
     assert [type(op) for op in lib(cuda)] == [Attention]
     assert not any(isinstance(op, Attention) for op in lib(front(_model(), "cpu", CompileOptions())))

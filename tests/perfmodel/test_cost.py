@@ -124,3 +124,28 @@ def test_other_targets_estimate_the_same_graph():
         assert 0 < predict_seconds(estimate(g, t), t) < 1.0
     slow, fast = (predict_seconds(estimate(g, get_target(k)), get_target(k)) for k in ("a100", "h200"))
     assert slow > fast
+
+
+def test_a_warp_exchange_is_charged_as_exposed_latency():
+    """One unit's row staged through shared memory in another lane layout (store, sync(WARP),
+    load) costs EXCHANGE_LATENCY memory latencies more than the same data kept in registers:
+    measured ~0.3 us an exchange on the H200 in batch-1 LayerNorm kernels
+    (benchmarks/results/perfmodel-accuracy-models.md)."""
+    from powerfusion.perfmodel.cost import EXCHANGE_LATENCY
+    from powerfusion.gir.ir import Sync
+    from tests.rewrite.util import gbuf, glob, graph, reg
+    C, N = 4, 16
+    row = glob("X", U * C + J, 1, C)
+    out = glob("Z", U * C + J, 1, C)
+    w = glob("T_warp", (U % 2) * C + J, 1, C).at(Level.SHARED)
+    r = glob("T_warp", (U % 2) * C + (C - 1) - J, 1, C).at(Level.SHARED)
+    ops = [GOp(Move(), (row,), (reg("x", 1, C),)), GOp(Move(), (reg("x", 1, C),), (w,)),
+           GOp(Sync(Scope.WARP), (w,), (r,)), GOp(Move(), (r,), (reg("y", 1, C),)),
+           GOp(Move(), (reg("y", 1, C),), (out,))]
+    bufs = [gbuf("X", N), gbuf("Z", N), gbuf("x", C, Level.REGISTER), gbuf("y", C, Level.REGISTER),
+            gbuf("T_warp", 2 * C, Level.SHARED)]
+    staged = graph(ops, bufs, ["X"], ["Z"])
+    direct = graph([ops[0], GOp(Move(), (reg("x", 1, C),), (out,))], bufs[:3], ["X"], ["Z"])
+    t = get_target("h100")
+    extra = estimate(staged, t).latency_s - estimate(direct, t).latency_s
+    assert extra == pytest.approx(EXCHANGE_LATENCY * t.memory.latency_s, rel=1e-6)

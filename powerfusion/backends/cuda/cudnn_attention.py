@@ -166,7 +166,7 @@ def plan_attention(graph, nodes, device_id: int = 0) -> tuple[dict[str, CudnnAtt
     """Each Attention node's route, chosen once: ({node: its cuDNN graph}, {node: why it runs on
     library.attention instead})."""
     nodes = list(nodes)
-    cudnn, why = cudnn_conv.load() if nodes else (None, "")
+    why = cudnn_conv.load()[1] if nodes else ""
     routes, fallbacks = {}, {}
     for node in nodes:
         shape, reason = attention_shape(graph, node)
