@@ -28,17 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.basic import (
-    Attention,
-    BasicGraph,
-    BasicNode,
-    Broadcast,
-    Elementwise,
-    MatMul,
-    Reduce,
-    Reshape,
-    Transpose,
-)
+from powerfusion.basic import (Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce, Reshape,
+                               Transpose)
 
 LOW_PRECISION = ("float16", "bfloat16")
 MAX_HEAD = 128

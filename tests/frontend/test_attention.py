@@ -10,9 +10,7 @@ import copy
 
 import numpy as np
 import pytest
-from onnx import TensorProto as T
-from onnx import helper as h
-from onnx import numpy_helper as nh
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 from powerfusion.basic import Attention, MatMul, Reshape, Transpose
 from powerfusion.frontend import import_model, run_basic_graph
