@@ -155,88 +155,73 @@ CASES = {  # small sizes keep lowering and rewriting every plan affordable on a 
 
 def prepare(path: str, cases=None, limit: int = 8) -> None:
     from powerfusion.frontend import import_model, partition_graph
-    from powerfusion.templates.merge import enumerate_plans, lower_subgraph
-    from powerfusion.pipeline.search import feasibility
     from powerfusion.targets.specs import get_target
-    from powerfusion.rewrite import optimise
     t = get_target("h100")
     out = Path(path)
-    done = pickle.loads(out.read_bytes()) if out.exists() else []
+    done = pickle.loads(out.read_bytes()) if out.exists() else []   # this script's own output file
     have = {(p["case"], p["labels"]) for p in done}
     for case in cases or CASES:
-        t0 = time.perf_counter()
         graph = import_model(CASES[case]())
         subs = partition_graph(graph, "cuda").subgraphs
         sub = max(subs, key=lambda s: len(s.nodes))
-        plans = enumerate_plans(sub, graph, t, limit=limit)
-        kept = 0
-        for plan in plans:
-            labels = tuple(c.label for c in plan.values())
-            if (case, labels) in have:
-                continue
-            try:
-                merged = lower_subgraph(sub, graph, plan, t)
-                g, _ = optimise(merged)
-            except Exception as e:  # a plan the lowering or the rules reject: not a candidate
-                print(f"  {case}: plan rejected ({type(e).__name__}: {str(e)[:100]})", flush=True)
-                continue
-            why = feasibility(g, t)
-            if why:
-                print(f"  {case}: infeasible: {why[:120]}", flush=True)
-                continue
-            done.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes)})
-            kept += 1
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(pickle.dumps(done))
-        print(f"{case}: {len(plans)} plans, {kept} kept, {time.perf_counter() - t0:.1f}s", flush=True)
+        done += _candidates(case, sub, graph, t, limit, have, with_default=False)
+        _write(out, done)
 
 
 def prepare_model(model: str, path: str, limit: int = 24) -> None:
     """Every distinct memory-bound subgraph of a real model (by structural key), each plan of it
-    lowered, rewritten and checked as in `prepare`: the plan space of the kernels a model
-    actually runs (small rows, fp16), which the synthetic cases above do not cover."""
+    lowered, rewritten and checked as in `prepare` (the default plan too): the plan space of the
+    kernels a model actually runs (small rows, fp16), which the synthetic cases above do not cover."""
     from powerfusion.pipeline import plancache
     from powerfusion.pipeline.driver import CompileOptions, front
     from powerfusion.targets.specs import get_target
     t = get_target("h100")
+    out = Path(path)
+    done = pickle.loads(out.read_bytes()) if out.exists() else []   # this script's own output file
+    have = {(p["case"], p["labels"]) for p in done}
     part = front(model, "cuda", CompileOptions())
     seen, stem = set(), Path(model).stem
     for sub in part.subgraphs:
         key = plancache.structural_key(sub, part.graph, t)
-        if key in seen:
-            continue
-        seen.add(key)
-        _prepare_one(f"{stem}:{sub.name}", sub, part.graph, t, path, limit)
+        if key not in seen:
+            seen.add(key)
+            done += _candidates(f"{stem}:{sub.name}", sub, part.graph, t, limit, have, with_default=True)
+            _write(out, done)
 
 
-def _prepare_one(case: str, sub, graph, t, path: str, limit: int) -> None:
+def _candidates(case: str, sub, graph, t, limit: int, have: set, with_default: bool) -> list[dict]:
+    """The plans of `sub` (the default choice first where `with_default`) that lower, rewrite and
+    pass the feasibility check, one record each; labels already in `have` are skipped (and added)."""
     from powerfusion.templates.merge import enumerate_plans, lower_subgraph
     from powerfusion.pipeline.search import feasibility
     from powerfusion.rewrite import optimise
-    out = Path(path)
-    done = pickle.loads(out.read_bytes()) if out.exists() else []
-    t0, kept = time.perf_counter(), 0
-    plans = [None] + enumerate_plans(sub, graph, t, limit=limit)
-    seen = set()
+    t0, kept = time.perf_counter(), []
+    plans = ([None] if with_default else []) + enumerate_plans(sub, graph, t, limit=limit)
     for plan in plans:
         try:
             merged = lower_subgraph(sub, graph, plan, t)
-            labels = tuple(lbl for _, lbl in merged.templates) if plan is None else tuple(c.label for c in plan.values())
-            if labels in seen:
+            labels = tuple(lbl for _, lbl in merged.templates) if plan is None else \
+                tuple(c.label for c in plan.values())
+            if (case, labels) in have:
                 continue
-            seen.add(labels)
+            have.add((case, labels))
             g, _ = optimise(merged)
         except Exception as e:  # a plan the lowering or the rules reject: not a candidate
             print(f"  {case}: plan rejected ({type(e).__name__}: {str(e)[:100]})", flush=True)
             continue
-        if feasibility(g, t):
+        why = feasibility(g, t)
+        if why:
+            print(f"  {case}: infeasible: {why[:120]}", flush=True)
             continue
-        done.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes),
+        kept.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes),
                      "default": plan is None})
-        kept += 1
+    print(f"{case}: {len(plans)} plans, {len(kept)} kept, {time.perf_counter() - t0:.1f}s", flush=True)
+    return kept
+
+
+def _write(out: Path, done: list) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(pickle.dumps(done))
-    print(f"{case}: {len(plans)} plans, {kept} kept, {time.perf_counter() - t0:.1f}s", flush=True)
 
 
 # ---- run: calibrate, predict, time, compare -----------------------------------------------------
