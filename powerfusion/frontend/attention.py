@@ -184,12 +184,7 @@ class _Match:
         return 1.0, x, []
 
     def _scalar(self, t: str) -> float | None:
-        bn = self.producer.get(t)
-        src = bn.inputs[0] if bn is not None and isinstance(bn.op, Broadcast) else t
-        c = self.g.constants.get(src)
-        if c is None or np.size(c) != 1:
-            return None
-        return float(np.asarray(c, np.float64).reshape(()))
+        return _constant_scalar(self.g, self.producer, t)
 
     def _shapes_ok(self, q: str, k: str, v: str, y: str, bias: str | None) -> bool:
         t = self.g.tensors
@@ -259,7 +254,7 @@ def _head_split(graph: BasicGraph, t: str, scaled: bool) -> tuple[str, tuple[int
     if m is not None and m.op.fn == "mul":
         for x, c in (m.inputs, m.inputs[::-1]):
             value = _constant_scalar(graph, producer, c)
-            if value is not None:
+            if value:   # a zero scale is left as it is
                 taken.append(m)
                 bn = sole(c, Broadcast)
                 if bn is not None:
@@ -281,13 +276,13 @@ def _head_split(graph: BasicGraph, t: str, scaled: bool) -> tuple[str, tuple[int
 
 
 def _constant_scalar(graph: BasicGraph, producer, t: str) -> float | None:
+    """The value of `t` where it is a one-element constant or a Broadcast of one, else None."""
     n = producer.get(t)
     src = n.inputs[0] if n is not None and isinstance(n.op, Broadcast) else t
     c = graph.constants.get(src)
     if c is None or np.size(c) != 1:
         return None
-    value = float(np.asarray(c, np.float64).reshape(()))
-    return value if value != 0.0 else None
+    return float(np.asarray(c, np.float64).reshape(()))
 
 
 def _drops_leading_ones(graph: BasicGraph, r: BasicNode) -> bool:

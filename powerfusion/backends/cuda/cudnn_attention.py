@@ -104,10 +104,7 @@ class CudnnAttention:
         self.workspace_bytes = int(self.graph.get_workspace_size())
 
     def bind(self, stream_ptr: int) -> None:
-        with cudnn_conv._BIND_LOCK:
-            if cudnn_conv._BOUND.get(self.handle) != stream_ptr:
-                cudnn_conv.load()[0].set_stream(self.handle, stream_ptr)
-                cudnn_conv._BOUND[self.handle] = stream_ptr
+        cudnn_conv.bind_stream(self.handle, stream_ptr)
 
     def __call__(self, q, k, v, bias, out, workspace) -> None:
         tq, tk, tv, tb, to = self.tensors

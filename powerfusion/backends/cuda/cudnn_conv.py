@@ -115,6 +115,15 @@ _BIND_LOCK = threading.Lock()
 _BOUND: dict[int, int] = {}   # handle -> the stream it runs on now
 
 
+def bind_stream(handle_: int, stream_ptr: int) -> None:
+    """Queue the handle's later executions on this stream. Called before a capture begins, so
+    that inside it (same stream) nothing reaches cudnnSetStream."""
+    with _BIND_LOCK:
+        if _BOUND.get(handle_) != stream_ptr:
+            load()[0].set_stream(handle_, stream_ptr)
+            _BOUND[handle_] = stream_ptr
+
+
 @functools.cache
 def handle(device_id: int) -> int:
     """One cuDNN handle per device (made on that device, kept for the process)."""
@@ -153,12 +162,7 @@ class CudnnConv:
         self.tried = {("conv + bias" if v.fused_bias else "conv, bias kernel"): v.time_us for v in variants}
 
     def bind(self, stream_ptr: int) -> None:
-        """Queue later executions on this stream. Called before a capture begins, so that
-        inside it (same stream) nothing reaches cudnnSetStream."""
-        with _BIND_LOCK:
-            if _BOUND.get(self.handle) != stream_ptr:
-                load()[0].set_stream(self.handle, stream_ptr)
-                _BOUND[self.handle] = stream_ptr
+        bind_stream(self.handle, stream_ptr)
 
     def __call__(self, x, w, bias, out, workspace) -> None:
         """out = conv(x, w) (+ bias), all CuPy arrays of the planned shapes; `workspace` holds at
