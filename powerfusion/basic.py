@@ -122,9 +122,12 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class MatMul:
-    """numpy.matmul(A', B') with A' = swapaxes(A, -1, -2) if trans_a, likewise B; batch dims broadcast."""
+    """numpy.matmul(A', B') with A' = swapaxes(A, -1, -2) if trans_a, likewise B; batch dims broadcast.
+    bias: a third input, a vector over the result's last axis, added before the one rounding to
+    the result's type (a GEMM epilogue; made by frontend/gemm_bias.py for CUDA graphs only)."""
     trans_a: bool = False
     trans_b: bool = False
+    bias: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,24 +174,44 @@ class Attention:
     written so directly (cuDNN's output strides), () for none; out_shape: then reshaped to it
     (the same bytes: [B * S, H * Dv]), () for none. in_perms: one permutation per Q, K, V (()
     for none): that operand is its stored tensor, viewed with leading 1s to rank 4, transposed
-    by it (heads split in the stored layout [B, S, H, D], read through cuDNN's strides)."""
+    by it (heads split in the stored layout [B, S, H, D], read through cuDNN's strides).
+    in_views: one (offset, shape, strides) per Q, K, V, in elements of its stored tensor (() for
+    none; it replaces that operand's in_perm): the operand is a strided view of the stored tensor,
+    e.g. one third of a fused QKV projection's result, heads split (frontend/attention.py)."""
     scale: float
     nan_to_zero: bool = False
     out_perm: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = ()
     in_perms: tuple[tuple[int, ...], ...] = ()
+    in_views: tuple[tuple, ...] = ()
 
 
 def attention_operands(op: Attention, stored):
-    """Q, K, V of an Attention from its stored inputs (numpy or CuPy arrays): each transposed by
-    its in_perm, viewed with leading 1s to that rank first."""
+    """Q, K, V of an Attention from its stored inputs (numpy or CuPy arrays): each the strided view
+    its in_view names, else transposed by its in_perm, viewed with leading 1s to that rank first."""
     out = []
     for k, x in enumerate(stored):
+        view = op.in_views[k] if op.in_views else ()
+        if view:
+            out.append(strided_view(x, *view))
+            continue
         perm = op.in_perms[k] if op.in_perms else ()
         if perm:
             x = x.reshape((1,) * (len(perm) - x.ndim) + tuple(x.shape)).transpose(perm)
         out.append(x)
     return out
+
+
+def strided_view(x, offset: int, shape, strides):
+    """The view of contiguous `x` (numpy or CuPy) starting at element `offset` with these shape
+    and strides (in elements); bounds were checked where the view was made."""
+    flat = x.reshape(-1)[int(offset):]
+    shape = tuple(int(d) for d in shape)
+    strides = tuple(int(s) * flat.dtype.itemsize for s in strides)
+    if isinstance(flat, np.ndarray):
+        return np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=False)
+    from cupy.lib.stride_tricks import as_strided   # a CuPy array (the CUDA session)
+    return as_strided(flat, shape, strides)
 
 
 @dataclass(frozen=True, slots=True)

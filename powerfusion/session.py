@@ -560,12 +560,14 @@ def run_library_op(op, inputs: list[np.ndarray], out_dtype) -> np.ndarray:
     work = _compute_dtype(inputs[0].dtype)
     args = [np.asarray(x).astype(work, copy=False) for x in inputs]
     if isinstance(op, MatMul):
-        a, b = args
+        a, b = args[:2]
         if op.trans_a:
             a = np.swapaxes(a, -1, -2)
         if op.trans_b:
             b = np.swapaxes(b, -1, -2)
         y = np.matmul(a, b)
+        if op.bias:   # the epilogue: added before the one rounding
+            y = y + args[2]
     elif isinstance(op, Conv):
         y = conv_nd(args[0], args[1], args[2] if len(args) > 2 else None, op)
     else:

@@ -26,10 +26,12 @@ runs the op through cuDNN and, where cuDNN does not take it, through cuBLAS + Cu
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from powerfusion.basic import (Attention, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reduce, Reshape,
-                               Transpose)
+                               Slice, Transpose)
 
 LOW_PRECISION = ("float16", "bfloat16")
 MAX_HEAD = 128
@@ -44,6 +46,58 @@ def fuse_attention(graph: BasicGraph) -> int:
             return count
         _replace(graph, *match)
         count += 1
+
+
+def read_through_reshapes(graph: BasicGraph) -> int:
+    """Let each Attention read past a Reshape that only it reads (a Reshape keeps the bytes of a
+    contiguous tensor, so an operand's permutation or view of the reshaped tensor is a view of the
+    tensor before it). Run after frontend/gemm_bias.py, which can leave a fused QKV projection's
+    reshape as the only op between the GEMM and the attention. Returns how many were read past."""
+    count = 0
+    for att in list(graph.nodes):
+        if isinstance(att.op, Attention):
+            count += _past_reshapes(graph, att)
+    return count
+
+
+def _past_reshapes(graph: BasicGraph, att: BasicNode) -> int:
+    producer, consumers = graph.producer(), graph.consumers()
+    outputs = {x.name for x in graph.outputs}
+    ins, views, count = list(att.inputs), list(att.op.in_views or ((),) * 3), 0
+    for k in range(3):
+        r = producer.get(ins[k])
+        if r is None or not isinstance(r.op, Reshape) or ins[k] in outputs or \
+                any(c is not att for c in consumers.get(ins[k], [])):
+            continue
+        if not views[k]:
+            perm = att.op.in_perms[k] if att.op.in_perms else ()
+            views[k] = _perm_view(graph.tensors[ins[k]].shape, perm)
+        count += 1
+    if not count:
+        return 0
+    for k in range(3):
+        r = producer.get(ins[k])
+        if views[k] and r is not None and isinstance(r.op, Reshape) and all(c is att for c in consumers.get(ins[k], [])):
+            ins[k] = r.inputs[0]
+    gone = {att.inputs[k] for k in range(3) if ins[k] != att.inputs[k]}
+    for t in gone:
+        graph.tensors.pop(t, None)
+    op = dataclasses.replace(att.op, in_perms=(), in_views=tuple(views))
+    fused = BasicNode(att.name, op, tuple(ins), att.outputs, att.origin)
+    graph.nodes = [fused if n is att else n for n in graph.nodes
+                   if not (isinstance(n.op, Reshape) and n.outputs[0] in gone)]
+    return count
+
+
+def _perm_view(shape, perm) -> tuple:
+    """(offset, shape, strides) of a contiguous tensor of `shape` viewed with leading 1s to the
+    rank of `perm` and transposed by it (no perm: as it is, at least rank 4)."""
+    shape = tuple(int(d) for d in shape)
+    if not perm:
+        return 0, shape, _row_major(shape)
+    padded = (1,) * (len(perm) - len(shape)) + shape
+    row = _row_major(padded)
+    return 0, tuple(padded[a] for a in perm), tuple(row[a] for a in perm)
 
 
 def _find(graph: BasicGraph):
@@ -211,11 +265,12 @@ def _last_axis(op: Reduce, rank: int) -> bool:
 
 
 def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero, chain) -> None:
-    stored, in_perms = [], []
+    stored, in_perms, in_views = [], [], []
     for t, scaled in ((q, True), (k, True), (v, False)):
-        t, perm, factor, taken = _head_split(graph, t, scaled)
+        t, perm, view, factor, taken = _head_split(graph, t, scaled)
         stored.append(t)
         in_perms.append(perm)
+        in_views.append(view)
         scale *= factor
         chain = chain + taken
     inputs = tuple(stored) + ((bias,) if bias is not None else ())
@@ -226,7 +281,8 @@ def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero
         outputs, perm = merge[-1].outputs, tuple(merge[0].op.perm)
         if len(merge) > 1:
             shape = tuple(merge[1].op.shape)
-    op = Attention(float(scale), nan_to_zero, perm, shape, tuple(in_perms) if any(in_perms) else ())
+    op = Attention(float(scale), nan_to_zero, perm, shape, tuple(in_perms) if any(in_perms) else (),
+                   tuple(in_views) if any(in_views) else ())
     fused = BasicNode(pv.name, op, inputs, outputs, pv.origin)
     gone = {id(n) for n in chain}
     for n in chain + [pv]:
@@ -236,12 +292,14 @@ def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero
     graph.nodes = [fused if n is pv else n for n in graph.nodes if id(n) not in gone]
 
 
-def _head_split(graph: BasicGraph, t: str, scaled: bool) -> tuple[str, tuple[int, ...], float, list[BasicNode]]:
-    """An operand made by a head split -- Transpose keeping the head size last, then Reshapes
-    that only add or drop leading 1s, then (Q and K) a multiply by a scalar constant, each the
-    only reader of what it reads -- is read from before the split: (the tensor to read, the
-    rank-4 permutation that makes the operand of it (its leading dims padded with 1s), the
-    scalar to fold into the scale, the nodes taken); (t, (), 1.0, []) where there is none."""
+def _head_split(graph: BasicGraph, t: str, scaled: bool):
+    """An operand made from a stored tensor by moves alone -- (Q and K) a multiply by a scalar
+    constant, then Reshapes, Transposes and Slices, each the only reader of what it reads -- is
+    read from that tensor: (the tensor to read, the rank-4 permutation that makes the operand of it
+    (its leading dims padded with 1s) or (), the strided view that makes it (offset, shape,
+    strides) where no permutation does or (), the scalar to fold into the scale, the nodes taken);
+    (t, (), (), 1.0, []) where there is none. A view keeps the head size contiguous (cuDNN's
+    operands have unit stride there): one third of a fused QKV projection, heads split, is one."""
     producer, consumers = graph.producer(), graph.consumers()
     outputs = {x.name for x in graph.outputs}
 
@@ -261,18 +319,102 @@ def _head_split(graph: BasicGraph, t: str, scaled: bool) -> tuple[str, tuple[int
                     taken.append(bn)
                 factor, cur = value, x
                 break
-    while (r := sole(cur, Reshape)) is not None and _drops_leading_ones(graph, r):
-        taken.append(r)
-        cur = r.inputs[0]
-    tr = sole(cur, Transpose)
+    moves = []
+    while (n := sole(cur, (Reshape, Transpose, Slice))) is not None:
+        moves.append(n)
+        cur = n.inputs[0]
     rank = len(graph.tensors[t].shape)
-    if tr is None or rank != 4 or tr.op.perm[-1] != len(tr.op.perm) - 1:
-        return t, (), 1.0, []
-    lead = rank - len(tr.op.perm)
-    if lead < 0:
-        return t, (), 1.0, []
-    perm = tuple(range(lead)) + tuple(a + lead for a in tr.op.perm)
-    return tr.inputs[0], perm, factor, taken + [tr]
+    if rank != 4:
+        return t, (), (), 1.0, []
+    perm = _split_perm(graph, moves)
+    if perm is not None:
+        return moves[-1].inputs[0], perm, (), factor, taken + moves
+    while moves:   # the longest chain of moves that is a view of what it reads
+        view = _compose_view(graph, moves[::-1])
+        if view is not None and view[2][-1] == 1:
+            return moves[-1].inputs[0], (), view, factor, taken + moves
+        moves.pop()
+    return t, (), (), 1.0, []
+
+
+def _split_perm(graph: BasicGraph, moves: list[BasicNode]) -> tuple[int, ...] | None:
+    """The permutation of a head split (Reshapes that only add or drop leading 1s after one
+    Transpose keeping the last axis), `moves` listed from the operand back; None otherwise."""
+    if not moves or not isinstance(moves[-1].op, Transpose):
+        return None
+    if not all(isinstance(r.op, Reshape) and _drops_leading_ones(graph, r) for r in moves[:-1]):
+        return None
+    tr = moves[-1]
+    lead = 4 - len(tr.op.perm)
+    if tr.op.perm[-1] != len(tr.op.perm) - 1 or lead < 0:
+        return None
+    return tuple(range(lead)) + tuple(a + lead for a in tr.op.perm)
+
+
+def _compose_view(graph: BasicGraph, moves: list[BasicNode]):
+    """(offset, shape, strides) in elements of the first move's input, contiguous, that the moves
+    (in order) make of it, or None where one of them copies (a Reshape no view can express, a
+    reversed Slice)."""
+    shape = tuple(int(d) for d in graph.tensors[moves[0].inputs[0]].shape)
+    strides, offset = _row_major(shape), 0
+    for n in moves:
+        op = n.op
+        if isinstance(op, Transpose):
+            shape, strides = tuple(shape[a] for a in op.perm), tuple(strides[a] for a in op.perm)
+        elif isinstance(op, Slice):
+            if any(st <= 0 for st in op.steps) or any(e is None for e in op.stops):
+                return None
+            offset += sum(b * s for b, s in zip(op.starts, strides))
+            shape = tuple(len(range(b, e, st)) for b, e, st in zip(op.starts, op.stops, op.steps))
+            strides = tuple(s * st for s, st in zip(strides, op.steps))
+        else:
+            new = tuple(int(d) for d in graph.tensors[n.outputs[0]].shape)
+            strides = view_reshape(shape, strides, new)
+            if strides is None:
+                return None
+            shape = new
+    return int(offset), shape, tuple(int(s) for s in strides)
+
+
+def _row_major(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+def view_reshape(shape, strides, new) -> tuple[int, ...] | None:
+    """Strides that make `new` a view of the strided tensor (shape, strides) in row-major element
+    order, or None where the reshape must copy (numpy's rule: each group of old axes merged or
+    split must be contiguous within itself)."""
+    if int(np.prod(shape, dtype=np.int64)) != int(np.prod(new, dtype=np.int64)):
+        return None
+    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    out = [0] * len(new)
+    ni = oi = 0
+    while ni < len(new) or oi < len(old):
+        if ni < len(new) and new[ni] == 1:
+            out[ni] = 1
+            ni += 1
+            continue
+        if ni == len(new) or oi == len(old):
+            return None
+        nj, oj, np_, op_ = ni + 1, oi + 1, new[ni], old[oi][0]
+        while np_ != op_:   # grow the smaller side until both groups hold the same elements
+            if np_ < op_:
+                np_ *= new[nj]
+                nj += 1
+            else:
+                op_ *= old[oj][0]
+                oj += 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+            return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new[k]
+        ni, oi = nj, oj
+    return tuple(out)
 
 
 def _constant_scalar(graph: BasicGraph, producer, t: str) -> float | None:

@@ -102,14 +102,17 @@ def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
 
 
 def run_matmul(op: B.MatMul, args, dtype):
-    a, b = (_wide(x) for x in args)
+    a, b = (_wide(x) for x in args[:2])
     if np.dtype(dtype).kind in "iu":   # integer GEMMs (int8 x int8 -> int32) accumulate exactly
         a, b = a.astype(np.int64), b.astype(np.int64)
     if op.trans_a:
         a = np.swapaxes(a, -1, -2)
     if op.trans_b:
         b = np.swapaxes(b, -1, -2)
-    return np.matmul(a, b).astype(dtype)
+    y = np.matmul(a, b)
+    if op.bias:   # the epilogue: added before the one rounding
+        y = y + _wide(args[2])
+    return y.astype(dtype)
 
 
 def run_conv(op: B.Conv, args, dtype):

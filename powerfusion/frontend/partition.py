@@ -74,6 +74,8 @@ def has_gir_template(graph: BasicGraph, node: BasicNode, target: str = "cpu") ->
     EfficientNet-B0's 240-channel 28x28 5x5 block (conv + BN + SiLU + pool): 30 ms as GIR."""
     op = node.op
     if isinstance(op, MatMul):
+        if op.bias:   # a GEMM epilogue (frontend/gemm_bias.py): the library's
+            return False
         a = graph.tensors[node.inputs[0]].shape
         b = graph.tensors[node.inputs[1]].shape
         rows = 1 if len(a) < 2 else (a[-1] if op.trans_a else a[-2])

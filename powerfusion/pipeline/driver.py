@@ -55,6 +55,9 @@ class CompileOptions:
     channels_last: bool = True
     # CUDA: fp16 / bf16 softmax(Q K^T s + bias) V as one fused library op (frontend/attention.py)
     attention: bool = True
+    # CUDA: a bias add that would be the only arithmetic of a kernel goes into the GEMM's
+    # epilogue (frontend/gemm_bias.py)
+    gemm_bias: bool = True
 
 
 class Observer:
@@ -138,6 +141,12 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
         from powerfusion.frontend.attention import fuse_attention
         with timer("attention"):
             fuse_attention(graph)
+    if options.gemm_bias and get_target(target).backend == "cuda":
+        from powerfusion.frontend.attention import read_through_reshapes
+        from powerfusion.frontend.gemm_bias import fold_gemm_bias
+        with timer("gemm bias"):
+            if fold_gemm_bias(graph, target):
+                read_through_reshapes(graph)
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
         _refuse_cpu_only(graph)

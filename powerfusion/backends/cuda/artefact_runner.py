@@ -80,7 +80,8 @@ class ArtefactRunner:
         bf16 = self.artefact.plan["tensors"][s["inputs"][0]]["dtype"] == "bfloat16"
         logical = "bfloat16" if bf16 else None
         if isinstance(op, MatMul):
-            y = library.matmul(ins[0], ins[1], trans_a=op.trans_a, trans_b=op.trans_b, logical_dtype=logical)
+            y = library.matmul(ins[0], ins[1], ins[2] if op.bias else None, trans_a=op.trans_a, trans_b=op.trans_b,
+                               logical_dtype=logical)
         elif isinstance(op, Attention):
             y = library.attention(*attention_operands(op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=op.scale,
                                   nan_to_zero=op.nan_to_zero, out_perm=op.out_perm, out_shape=op.out_shape,

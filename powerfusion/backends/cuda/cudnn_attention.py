@@ -39,6 +39,7 @@ class AttentionShape:
     scale: float
     out_perm: tuple[int, ...] = ()   # the output is stored transposed by it (basic.Attention)
     strides: tuple[tuple[int, ...], ...] = ()   # of Q, K, V where their heads are split in storage
+    offsets: tuple[int, ...] = (0, 0, 0)   # elements from each stored Q, K, V to its first element
 
     @property
     def out(self) -> tuple[int, ...]:
@@ -59,8 +60,11 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
     dtype = np.dtype(t[node.inputs[0]].dtype).name
     if dtype not in _DTYPES:
         return None, f"dtype {dtype} (cuDNN's attention is used for fp16 and bf16)"
-    operands = [_operand(t[n].shape, node.op.in_perms[i] if node.op.in_perms else ())
-                 for i, n in enumerate(node.inputs[:3])]
+    operands = [_operand(t[n].shape, node.op.in_perms[i] if node.op.in_perms else (),
+                         node.op.in_views[i] if node.op.in_views else ())
+                for i, n in enumerate(node.inputs[:3])]
+    if any(len(d) != 4 for d, _ in operands):
+        return None, "a strided operand of rank other than 4"
     (q, qs), (k, ks), (v, vs) = operands
     if not all(d % 8 == 0 and d <= MAX_HEAD for d in (q[-1], v[-1])):
         return None, f"head sizes {q[-1]}, {v[-1]} (cuDNN: multiples of 8 up to {MAX_HEAD})"
@@ -78,12 +82,19 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
     perm = tuple(node.op.out_perm)
     if perm and len(q) != 4:
         return None, f"an output transpose of a rank-{len(q)} attention"
-    return AttentionShape(q, k, v, bias, dtype, float(node.op.scale), perm, (qs, ks, vs)), ""
+    offsets = tuple(int(view[0]) if view else 0 for view in (node.op.in_views or ((),) * 3))
+    return AttentionShape(q, k, v, bias, dtype, float(node.op.scale), perm, (qs, ks, vs), offsets), ""
 
 
-def _operand(shape, perm) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(dims [B, H, S, D], strides) of an operand stored as `shape`, transposed by `perm` (the
-    stored tensor viewed with leading 1s to rank 4 first; no perm: row-major)."""
+def _operand(shape, perm, view=()) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(dims [B, H, S, D], strides) of an operand stored as `shape`: the strided view `view`
+    (basic.Attention.in_views; a unit axis gets the stride of a packed one), else transposed by
+    `perm` (the stored tensor viewed with leading 1s to rank 4 first; no perm: row-major)."""
+    if view:
+        _, dims, strides = view
+        dims, strides = tuple(int(d) for d in dims), [int(x) for x in strides]
+        span = max(d * x for d, x in zip(dims, strides) if d > 1) if any(d > 1 for d in dims) else 1
+        return dims, tuple(x if d > 1 else span for d, x in zip(dims, strides))
     if not perm:
         dims = _as_4d(shape)
         return dims, tuple(cudnn_conv._row_major(dims))
@@ -108,7 +119,8 @@ class CudnnAttention:
 
     def __call__(self, q, k, v, bias, out, workspace) -> None:
         tq, tk, tv, tb, to = self.tensors
-        pack = {tq: q.data.ptr, tk: k.data.ptr, tv: v.data.ptr, to: out.data.ptr}
+        oq, ok, ov = (off * x.dtype.itemsize for off, x in zip(self.shape.offsets, (q, k, v)))
+        pack = {tq: q.data.ptr + oq, tk: k.data.ptr + ok, tv: v.data.ptr + ov, to: out.data.ptr}
         if tb is not None:
             pack[tb] = bias.data.ptr
         self.graph.execute(pack, workspace.data.ptr if workspace is not None else 0, handle=self.handle)

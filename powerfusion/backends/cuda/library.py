@@ -77,9 +77,14 @@ def _from_f32(y, like, bf16_bits: bool):
     return f32_to_bf16_bits(y) if bf16_bits else y.astype(like.dtype)
 
 
-def matmul(a, b, *, trans_a: bool = False, trans_b: bool = False, logical_dtype: str | None = None):
-    """numpy-style matmul (batched, broadcasting) with optional transposes of the last two axes."""
+def matmul(a, b, bias=None, *, trans_a: bool = False, trans_b: bool = False, logical_dtype: str | None = None):
+    """numpy-style matmul (batched, broadcasting) with optional transposes of the last two axes;
+    `bias` (basic.MatMul.bias): a vector over the last axis added before the one rounding."""
     import cupy
+    if bias is not None:
+        bits = _is_bf16(a, logical_dtype) and a.dtype == cupy.uint16
+        y = matmul(_to_f32(a, bits), _to_f32(b, bits), trans_a=trans_a, trans_b=trans_b)
+        return _from_f32(y + _to_f32(bias, bits), a, bits)
     if a.ndim < 2 or b.ndim < 2:
         raise ValueError(f"matmul needs operands of rank >= 2 here, got shapes {a.shape} and {b.shape}")
     if trans_a:

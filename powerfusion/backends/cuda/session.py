@@ -55,6 +55,7 @@ class CudaPlanRunner:
         self._cuda_graph = None
         self.use_cuda_graph = cuda_graph
         self._blas = None          # our cuBLAS handle (blas.Blas), made at the first library call
+        self._lt = None            # our cuBLASLt handle (blaslt.BlasLt), made at the first bias GEMM
         self._direct: set[str] = set()   # library steps that ran through it
         self._cols: dict = {}      # im2col buffers of the direct Conv path, one per shape
         self._int8 = None          # int8 GEMMs on our cuBLAS handle (int8_gemm.Int8Gemm), made when needed
@@ -180,8 +181,11 @@ class CudaPlanRunner:
                 self._direct.add(node.name)
                 continue
             if isinstance(node.op, MatMul):
-                y = library.matmul(ins[0], ins[1], trans_a=node.op.trans_a, trans_b=node.op.trans_b,
-                                   logical_dtype="bfloat16" if bf16 else None)
+                y = library.matmul(ins[0], ins[1], ins[2] if node.op.bias else None, trans_a=node.op.trans_a,
+                                   trans_b=node.op.trans_b, logical_dtype="bfloat16" if bf16 else None)
+                if node.op.bias:
+                    self.fallbacks.setdefault(node.name, "MatMul + bias through CuPy (not captured): "
+                                                         "cuBLASLt's bias epilogue did not take it")
             elif isinstance(node.op, Attention):
                 y = library.attention(*attention_operands(node.op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=node.op.scale,
                                       nan_to_zero=node.op.nan_to_zero, out_perm=node.op.out_perm,
@@ -229,6 +233,8 @@ class CudaPlanRunner:
         if int8:
             self._blas.bind(cupy.cuda.get_current_stream())
             return self._int8_into(node, ins, out)
+        if isinstance(node.op, MatMul) and node.op.bias:   # cuBLASLt's bias epilogue (blaslt.py)
+            return self._gemm_bias_into(node, ins, out, logical)
         gemm = self._blas if self._ape is None else self._ape.for_node(node.name, self._blas)
         gemm.bind(cupy.cuda.get_current_stream())
         if isinstance(node.op, MatMul):
@@ -245,6 +251,20 @@ class CudaPlanRunner:
                 return library.channels_last_into(nchw, ins[0], ins[1], out, self._cols)
             return nchw(ins[0], ins[1], out)
         return False
+
+    def _gemm_bias_into(self, node, ins, out, logical) -> bool:
+        import cupy
+        from powerfusion.backends.cuda import blaslt
+        if self._lt is None:
+            if not blaslt.available():
+                return False
+            self._lt = blaslt.BlasLt()
+        try:
+            return self._lt.gemm_bias_into(ins[0], ins[1], ins[2], out, cupy.cuda.get_current_stream().ptr,
+                                           trans_a=node.op.trans_a, trans_b=node.op.trans_b, logical_dtype=logical)
+        except blaslt.BlasLtError as e:   # no algorithm for this shape: the step runs on CuPy
+            self.fallbacks[node.name] = f"MatMul + bias through CuPy (not captured): {e}"
+            return False
 
     def _int8_into(self, node, ins, out) -> bool:
         """int8 x int8 -> int32 MatMul / Conv on integer tensor cores (int8_gemm.py); cupy.matmul
