@@ -37,7 +37,7 @@ def _qkv_model(after: str = "attention"):
         nodes.append(h.make_node("Sigmoid", ["qkv"], ["y"]))
         g = h.make_graph(nodes, "proj", [h.make_tensor_value_info("x", T.FLOAT16, [S, E])],
                          [h.make_tensor_value_info("y", T.FLOAT16, [S, 3 * E])], inits)
-        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
     causal = np.where(np.tril(np.ones((S, S), bool)), 0.0, -np.inf).astype(np.float16).reshape(1, 1, S, S)
     inits += [nh.from_array(np.array([1, S, H, D], np.int64), "heads"), nh.from_array(causal, "mask"),
               nh.from_array(np.array(1 / np.sqrt(D), np.float16), "scale"),
@@ -55,7 +55,7 @@ def _qkv_model(after: str = "attention"):
               h.make_node("Reshape", ["ot", "merged"], ["y"])]
     g = h.make_graph(nodes, "qkv", [h.make_tensor_value_info("x", T.FLOAT16, [S, E])],
                      [h.make_tensor_value_info("y", T.FLOAT16, [S, E])], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
 
 
 def _feeds():
