@@ -89,7 +89,7 @@ class BoundRun:
         return True
 
     def _direct_buffers(self) -> tuple | None:
-        """The buffers' addresses where a graph of their own can read and write them in place:
+        """(tensor, address) of each buffer where a graph of their own can read and write them in place:
         one captured piece, every input a device array and every output bound, all of the arena
         slot's dtype, none shared; else None (the copies through the arena stay)."""
         runner, tensors = self.runner, self.runner.tensors
@@ -102,8 +102,10 @@ class BoundRun:
             return None
         if any(a.dtype != tensors[n].dtype for n, a in ins + outs):
             return None
-        ptrs = tuple(a.data.ptr for _, a in ins + outs)
-        return ptrs if len(set(ptrs)) == len(ptrs) else None
+        ptrs = [a.data.ptr for _, a in ins + outs]
+        if len(set(ptrs)) != len(ptrs):
+            return None
+        return tuple((n, a.data.ptr) for n, a in ins + outs)
 
     def _replay(self, cupy) -> dict:
         from powerfusion.backends.cuda.session import _copy_into
