@@ -9,7 +9,9 @@ arrays, so that onnxruntime scripts that bind device buffers run unchanged.
 
 On the cuda target bound device inputs are read where they lie and outputs with a buffer are
 written where they lie (with `options={"cuda_graph": True}` through one device-to-device copy
-each way; see CudaPlanRunner.run_device). `bind_array(name, array)` binds any numpy / CuPy /
+each way, or, once a binding of device buffers has run three times, through a graph captured
+for those buffers; see backends/cuda/bound.py). A binding is checked and prepared at its
+first run and repeated until a bind_* or clear_* call changes it. `bind_array(name, array)` binds any numpy / CuPy /
 torch / DLPack array directly (an extension; onnxruntime has no such call).
 """
 from __future__ import annotations

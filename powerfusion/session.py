@@ -219,6 +219,9 @@ class InferenceSession:
         return IOBinding(self)
 
     def run_with_iobinding(self, iobinding, run_options=None) -> None:
+        """Run with the binding's inputs and outputs. As in onnxruntime, the call returns when
+        every output is complete (on the cuda target: the caller's current CuPy stream, on
+        which the run is queued, is synchronised), so the outputs may be read at once."""
         if run_options is not None and getattr(run_options, "terminate", False):
             raise PowerFusionError("run_with_iobinding: run_options.terminate is set")
         iobinding.run()

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from powerfusion.backends.cuda.session import _copy_into
+
 D2D = 3   # cudaMemcpyDeviceToDevice
 # Repeats of one binding before it gets a graph of its own (a capture costs milliseconds: a
 # binding run once or twice, or changed before every run, keeps the copies through the arena)
@@ -108,7 +110,6 @@ class BoundRun:
         return tuple((n, a.data.ptr) for n, a in ins + outs)
 
     def _replay(self, cupy) -> dict:
-        from powerfusion.backends.cuda.session import _copy_into
         runner = self.runner
         stream = cupy.cuda.get_current_stream()
         self._calls += 1
