@@ -209,9 +209,9 @@ class IOBinding:
             # on the GPU every output is written into its own buffer (in place or by a device copy)
             results = {name: buf for name, _, _, buf in outputs}
 
-            def into_buffers() -> dict:
+            def into_buffers() -> dict:   # the same dict at every run: nothing changes it in place
                 run()
-                return dict(results)
+                return results
             return into_buffers
 
         def wrapped() -> dict:
