@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.backends.cuda.session import _copy_into
-
 D2D = 3   # cudaMemcpyDeviceToDevice
 # Runs of one binding through the arena after its first before it gets a graph of its own, so
 # from its fourth run (a capture costs milliseconds: a binding run two or three times, or
@@ -125,8 +123,10 @@ class BoundRun:
         memcpy = cupy.cuda.runtime.memcpyAsync
         for dst, src, nbytes in self._copies_in:
             memcpy(dst, src, nbytes, D2D, ptr)
-        for slot, host in self._uploads:
-            _copy_into(slot, host)
+        if self._uploads:   # host inputs: uploaded again at every run
+            from powerfusion.backends.cuda.session import _copy_into
+            for slot, host in self._uploads:
+                _copy_into(slot, host)
         for kind, piece in self._pieces:
             if kind == "graph":
                 piece.launch(stream)
