@@ -123,10 +123,8 @@ class BoundRun:
         memcpy = cupy.cuda.runtime.memcpyAsync
         for dst, src, nbytes in self._copies_in:
             memcpy(dst, src, nbytes, D2D, ptr)
-        if self._uploads:   # host inputs: uploaded again at every run
-            from powerfusion.backends.cuda.session import _copy_into
-            for slot, host in self._uploads:
-                _copy_into(slot, host)
+        for slot, host in self._uploads:   # host inputs: uploaded again at every run
+            runner.copy_into(slot, host)
         for kind, piece in self._pieces:
             if kind == "graph":
                 piece.launch(stream)

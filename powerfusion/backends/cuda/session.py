@@ -355,6 +355,11 @@ class CudaPlanRunner:
         from powerfusion.backends.cuda.bound import BoundRun
         return BoundRun(self, feeds, names, into)
 
+    @staticmethod
+    def copy_into(dst, src) -> None:
+        """dst[...] = src on the current stream, src on the device or the host (_copy_into)."""
+        _copy_into(dst, src)
+
     def _check_faults(self) -> None:
         """A DataError naming the node where a kernel divided an integer by zero or gathered
         with an index out of range in this run (backends/cstyle/faults.py)."""
