@@ -46,14 +46,18 @@ def test_cpu_binding_reads_changed_contents_and_rebinds():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cuda_graph,on_device", [(False, False), (True, False), (True, True)])
-def test_cuda_binding_repeats_with_device_buffers(cuda_graph, on_device):
-    """A bound CuPy input and output, and either a host input and a fresh-array output (copies
-    through the arena) or every input and output on the device (with cuda_graph, a graph of
-    the binding's own from the fourth run), run ten times with the inputs rewritten in place
-    between runs; then an out-of-range index in the bound ids raises a DataError on the
-    repeated path, and a valid one runs again."""
+@pytest.mark.parametrize("cuda_graph,on_device,own_graph", [(False, False, False), (True, False, True),
+                                                            (True, True, True), (True, True, False)])
+def test_cuda_binding_repeats_with_device_buffers(cuda_graph, on_device, own_graph, monkeypatch):
+    """A bound CuPy input and output, and either a host input and a fresh-array output or every
+    input and output on the device, run ten times with the inputs rewritten in place between
+    runs, with cuda_graph through copies into the session's graph or (`own_graph`, from the
+    fourth run) a graph of the binding's own buffers; then an out-of-range index in the bound
+    ids raises a DataError on the repeated path, and a valid one runs again."""
     import cupy
+    from powerfusion.backends.cuda import bound
+    if not own_graph:
+        monkeypatch.setattr(bound, "DIRECT_AFTER", 10 ** 9)
     cpu = powerfusion.InferenceSession(mlp_model())
     sess = powerfusion.InferenceSession(mlp_model(), target="cuda", options={"cuda_graph": cuda_graph})
     f = feeds()
@@ -96,6 +100,7 @@ def test_cuda_binding_repeats_with_device_buffers(cuda_graph, on_device):
     set_ids([3, 1])
     sess.run_with_iobinding(binding)
     np.testing.assert_array_equal(binding.get_outputs()[1].numpy(), _expected(cpu, x, ids)[2])
+    assert len(sess._executor._bound_graphs) == (1 if cuda_graph and own_graph else 0)
 
 
 @pytest.mark.gpu
