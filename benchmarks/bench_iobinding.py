@@ -6,6 +6,8 @@ outputs, against the device time of the same session's CUDA-graph replay.
 Per model: device time (back-to-back graph replays between CUDA events, median per replay), the wall time of
 one `sess.run_with_iobinding(binding)` (median of --calls, each synchronised, as the call itself
 synchronises) and of one `sess.run(None, numpy feeds)`; overhead = binding call - device time.
+After the 20 warm-up calls the binding runs on a graph of its own buffers (backends/cuda/bound.py;
+benchmarks/diag/iobinding_profile.py times the other paths and the CUDA calls one bound call makes).
 The issue's target is overhead <= 20 us. Writes benchmarks/results/iobinding-overhead.json/.md.
 """
 from __future__ import annotations

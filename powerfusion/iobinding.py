@@ -9,7 +9,9 @@ arrays, so that onnxruntime scripts that bind device buffers run unchanged.
 
 On the cuda target bound device inputs are read where they lie and outputs with a buffer are
 written where they lie (with `options={"cuda_graph": True}` through one device-to-device copy
-each way; see CudaPlanRunner.run_device). `bind_array(name, array)` binds any numpy / CuPy /
+each way, or, once a binding of device buffers has run three times, through a graph captured
+for those buffers; see backends/cuda/bound.py). A binding is checked and prepared at its
+first run and repeated until a bind_* or clear_* call changes it. `bind_array(name, array)` binds any numpy / CuPy /
 torch / DLPack array directly (an extension; onnxruntime has no such call).
 """
 from __future__ import annotations
@@ -126,16 +128,20 @@ class IOBinding:
         self._inputs: dict[str, OrtValue] = {}
         self._outputs: dict[str, tuple[str, int, OrtValue | None]] = {}   # name -> (device, id, buffer)
         self._results: dict[str, OrtValue] = {}
+        self._prepared = None   # the run for the current bindings (_prepare), made at the first run
 
     def bind_cpu_input(self, name: str, arr_on_cpu) -> None:
+        self._prepared = None
         self._inputs[name] = OrtValue(np.asarray(arr_on_cpu), "cpu")
 
     def bind_input(self, name: str, device_type, device_id: int, element_type, shape, buffer_ptr: int) -> None:
         """A buffer given by address (onnxruntime's form), e.g. a CuPy array's `data.ptr`."""
         device = _device(device_type)
+        self._prepared = None
         self._inputs[name] = OrtValue(_wrap(buffer_ptr, shape, element_type, device, device_id), device, device_id)
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
+        self._prepared = None
         self._inputs[name] = _as_ortvalue(ortvalue, name)
 
     def bind_output(self, name: str, device_type="cpu", device_id: int = 0, element_type=None, shape=None,
@@ -147,22 +153,27 @@ class IOBinding:
             if element_type is None or shape is None:
                 raise PowerFusionError(f"bind_output('{name}'): a buffer_ptr needs element_type and shape")
             buffer = OrtValue(_wrap(buffer_ptr, shape, element_type, device, device_id), device, device_id)
+        self._prepared = None
         self._outputs[name] = (device, device_id, buffer)
 
     def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
         value = _as_ortvalue(ortvalue, name)
+        self._prepared = None
         self._outputs[name] = (value.device_name(), value._device_id, value)
 
     def bind_array(self, name: str, array) -> None:
         """Any numpy / CuPy / torch / DLPack array as input `name` (read in place on the GPU)."""
+        self._prepared = None
         self._inputs[name] = _as_ortvalue(array, name)
 
     def clear_binding_inputs(self) -> None:
+        self._prepared = None
         self._inputs.clear()
 
     def clear_binding_outputs(self) -> None:
+        self._prepared = None
         self._outputs.clear()
-        self._results.clear()
+        self._results = {}
 
     def synchronize_inputs(self) -> None:
         _synchronize(self._inputs.values())
@@ -180,12 +191,34 @@ class IOBinding:
         return [v.numpy() for v in self.get_outputs()]
 
     def run(self) -> None:
-        """What `InferenceSession.run_with_iobinding(binding)` does."""
+        """What `InferenceSession.run_with_iobinding(binding)` does: the first run after a change
+        of bindings checks them and prepares the run; later runs repeat it."""
+        prepared = self._prepared
+        if prepared is None:
+            prepared = self._prepared = self._prepare()
+        self._results = prepared()
+
+    def _prepare(self):
+        """`() -> {output: OrtValue}` for the current bindings. An output bound to a buffer comes
+        back as that buffer's OrtValue, the same object at every run; the others as new ones."""
         feeds = {name: value.array for name, value in self._inputs.items()}
         wanted = {name: (device, None if buf is None else buf.array) for name, (device, _, buf) in self._outputs.items()}
-        results = self._session.run_bound(feeds, wanted)
-        self._results = {name: OrtValue(results[name], device, device_id)
-                         for name, (device, device_id, _) in self._outputs.items()}
+        run = self._session.prepare_bound(feeds, wanted)
+        outputs = [(name, device, device_id, buf) for name, (device, device_id, buf) in self._outputs.items()]
+        if all(buf is not None and device == "cuda" for _, device, _, buf in outputs):
+            # on the GPU every output is written into its own buffer (in place or by a device copy)
+            results = {name: buf for name, _, _, buf in outputs}
+
+            def into_buffers() -> dict:   # the same dict at every run: nothing changes it in place
+                run()
+                return results
+            return into_buffers
+
+        def wrapped() -> dict:
+            arrays = run()
+            return {name: buf if buf is not None and arrays[name] is buf.array else OrtValue(arrays[name], device, device_id)
+                    for name, device, device_id, buf in outputs}
+        return wrapped
 
 
 def _as_ortvalue(value, name: str) -> OrtValue:

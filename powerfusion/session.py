@@ -219,6 +219,9 @@ class InferenceSession:
         return IOBinding(self)
 
     def run_with_iobinding(self, iobinding, run_options=None) -> None:
+        """Run with the binding's inputs and outputs. As in onnxruntime, the call returns when
+        every output is complete (on the cuda target: the caller's current CuPy stream, on
+        which the run is queued, is synchronised), so the outputs may be read at once."""
         if run_options is not None and getattr(run_options, "terminate", False):
             raise PowerFusionError("run_with_iobinding: run_options.terminate is set")
         iobinding.run()
@@ -226,8 +229,28 @@ class InferenceSession:
     def run_bound(self, input_feed: Mapping, wanted: Mapping[str, tuple]) -> dict:
         """The run behind IOBinding: `wanted` maps output name -> (device "cpu" | "cuda", buffer or
         None); returns each wanted output on its device (in its buffer where one was given)."""
+        return self.prepare_bound(input_feed, wanted)()
+
+    def prepare_bound(self, input_feed: Mapping, wanted: Mapping[str, tuple]) -> Callable[[], dict]:
+        """`run_bound(input_feed, wanted)` as a callable to repeat: names, shapes and dtypes are
+        checked once, here, and an executor that can prepares its part once too (the cuda
+        target's bound.py). Each call reads the bound arrays again (their contents may change;
+        the arrays themselves may not) and runs under the session's lock."""
         names = self._output_names(list(wanted))
         feeds = self.validate_feeds(input_feed)
+        wanted = dict(wanted)
+        prepare = getattr(self._executor, "prepare_bound", None)
+        if prepare is not None and all(device == "cuda" for device, _ in wanted.values()):
+            run = prepare(feeds, names, {n: buf for n, (_, buf) in wanted.items() if buf is not None})
+            lock = self._lock
+
+            def on_device() -> dict:   # the outputs come back in their buffers or as fresh CuPy arrays
+                with lock:
+                    return run()
+            return on_device
+        return lambda: self._run_bound(feeds, names, wanted)
+
+    def _run_bound(self, feeds: dict, names: list[str], wanted: dict) -> dict:
         with self._lock:
             if hasattr(self._executor, "run_device"):   # the cuda target: outputs stay on the GPU
                 into = {n: buf for n, (device, buf) in wanted.items() if device == "cuda" and buf is not None}

@@ -76,6 +76,10 @@ class GIRExecutor:
                 args.append(a)
             lk.kernel.launch(lk.source.grid, lk.source.block, args, shared_mem=lk.source.shared_bytes, stream=stream)
 
+    @property
+    def has_fault_sites(self) -> bool:
+        return any(lk.fault_word is not None for lk in self.kernels)
+
     def check_faults(self, describe=None) -> None:
         """Raise a DataError for the first run-time fault a kernel recorded (an integer division
         by zero, backends/cstyle/faults.py), clearing every kernel's record first; call it after
