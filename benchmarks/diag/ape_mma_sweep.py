@@ -19,16 +19,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_ape import Exact, baseline, in_range_data, time_graph
 
 PRODUCTS = {"fp32-f": 3, "fp32-t": 3, "fp32-b": 6}
-VARIANTS = [({"fp32-f": 3, "fp32-t": 2, "fp32-b": 2}, 8), ({"fp32-f": 4, "fp32-t": 3, "fp32-b": 3}, 16)]
+# (n8 tiles per warp or None for the mode's default, ring depth, blocks per SM, tile grouping,
+# k-tile); the defaults are mma.TILINGS, group 8, k-tile 32
+VARIANTS = [(None, 2, 1, 8, 32), (None, 4, 1, 8, 32), (None, 3, 1, 16, 32), (None, 2, 1, 8, 64), (4, 4, 1, 8, 32),
+            (8, 2, 1, 8, 32), (4, 2, 2, 8, 32), (4, 3, 2, 8, 32)]
 
 
-def variant_kernel(mode, stages, group_m):
+def variant(mode, wn, stages, minb, group_m, bk):
     import cupy as cp
 
     from powerfusion.ape import mma
-    fn = cp.RawModule(code=mma.source(stages, group_m)).get_function(f"ape_mma_{mode[-1]}")
-    fn.max_dynamic_shared_size_bytes = mma.smem_bytes(mode, stages[mode])
-    return fn
+    tiling = mma.Tiling(wn or mma.TILINGS[mode].wn, stages, minb)
+    smem = mma.smem_bytes(mode, tiling, bk)
+    if smem * minb > 227 * 1024:
+        return None
+    fn = cp.RawModule(code=mma.source({mode: tiling}, group_m, bk)).get_function(f"ape_mma_{mode[-1]}")
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn, tiling, smem
 
 
 def bound(fn, *args, **kw):
@@ -81,22 +88,25 @@ def main():
                         row.update(split_ms=split * 1e3, kernel_tflops=2 * size ** 3 * PRODUCTS[mode] / (t - split) / 1e12)
                     log(row)
                     if engine == "mma":
-                        for stages, group_m, bk in VARIANTS:
-                            smem = mma.smem_bytes(mode, stages[mode], bk)
-                            if smem > 227 * 1024:
-                                continue
-                            fn = variant_kernel(mode, stages, group_m, bk)
-                            args_ = (grp.a_parts, grp.b_parts, np.int64(size), np.int64(size), np.int64(grp.kp), out, np.int32(0))
-
-                            launch = bound(fn, (mma.grid(size, size),), (mma.THREADS,), args_,
-                                           shared_mem=smem)
-                            tk = time_graph(launch, stream)
-                            log({"size": size, "mode": mode, "variant": f"stages {stages[mode]}, group_m {group_m}, bk {bk}",
-                                 "kernel_ms": tk * 1e3, "kernel_tflops": 2 * size ** 3 * PRODUCTS[mode] / tk / 1e12,
-                                 "error": exact.error(out)})
+                        for wn, stages, minb, group_m, bk in VARIANTS:
+                            name = (f"wn {wn or mma.TILINGS[mode].wn}, stages {stages}, blocks/SM {minb}, "
+                                    f"group_m {group_m}, bk {bk}")
+                            try:
+                                made = variant(mode, wn, stages, minb, group_m, bk)
+                                if made is None:
+                                    continue
+                                fn, tiling, smem = made
+                                args_ = (grp.a_parts, grp.b_parts, np.int64(size), np.int64(size), np.int64(grp.kp), out,
+                                         np.int32(0))
+                                launch = bound(fn, (mma.grid(size, size, mode, tiling),), (mma.THREADS,), args_,
+                                               shared_mem=smem)
+                                tk = time_graph(launch, stream)
+                                log({"size": size, "mode": mode, "variant": name, "kernel_ms": tk * 1e3,
+                                     "kernel_tflops": 2 * size ** 3 * PRODUCTS[mode] / tk / 1e12, "error": exact.error(out)})
+                            except Exception:   # keep the other variants
+                                log({"size": size, "mode": mode, "variant": name, "failed": traceback.format_exc()[-800:]})
                 except Exception:   # keep the other measurements
                     log({"size": size, "mode": mode, "engine": engine, "failed": traceback.format_exc()})
-                    break
         del a, b, exact, out
         cp.get_default_memory_pool().free_all_blocks()
     (args.out / "ape-mma-sweep.json").write_text(json.dumps(rows, indent=1))

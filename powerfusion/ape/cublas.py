@@ -111,7 +111,7 @@ class Cublas:
         self._check(status, f"cublasGemmStridedBatchedEx (compute {t.compute}, {m}x{n}x{k}, batch {batch})")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def handle_for(device_id: int) -> Cublas:
     """One handle per device per process."""
     return Cublas()

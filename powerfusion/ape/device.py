@@ -154,7 +154,7 @@ class _EmulatedGroup:
             if self.m == 0 or self.n == 0:
                 return False
             fn = _mma_kernel(c.device.id, self.t.name)
-            fn((mma.grid(self.m, self.n),), (mma.THREADS,), (self.a_parts, self.b_parts, _i64(self.m), _i64(self.n),
+            fn((mma.grid(self.m, self.n, self.t.name),), (mma.THREADS,), (self.a_parts, self.b_parts, _i64(self.m), _i64(self.n),
                                                             _i64(self.kp), c, np.int32(not first)),
                shared_mem=mma.smem_bytes(self.t.name))
             return False

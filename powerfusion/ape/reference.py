@@ -9,11 +9,11 @@ inside a GEMM and the tensor cores' truncating (round-toward-zero) accumulation,
 results agree with it to a few fp32 ulps of sum(|A||B|), not bit for bit; that difference grows
 with K, as SGEMM's own error does.
 
-`order="mma"` models our own tensor-core kernels (`mma.py`) instead: per k-step of one mma
-(16, or 8 for TF32) the top-level product sum, rounded to fp32, is added to an fp32 accumulator;
-per k-tile of 32 the lower levels' sum, rounded to fp32 and scaled, is added after the tile's
-steps. Sums inside a step or tile are exact here (float64, then one rounding to nearest); the
-tensor cores truncate them instead, at most one fp32 ulp of each step's sum.
+`order="mma"` models our own tensor-core kernels (`mma.py`) instead: per k-tile of 32, the
+tile's part products (all levels; FP32-F's 2^-12-scaled lower levels summed apart and combined
+with one rounding) are summed from zero, rounded to fp32 and added to an fp32 accumulator in
+round-to-nearest. Sums inside a tile are exact here (float64, then one rounding); the tensor
+cores truncate them after every mma instead: a few fp32 ulps of the tile's sum.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def panel_classes(a_panels: np.ndarray, b_panels: np.ndarray) -> np.ndarray:
 
 MODES = ("auto", "fp32", "fp32-f", "fp32-t", "fp32-b")
 ORDERS = ("levels", "mma")
-MMA_K_TILE = 32                                           # K per k-tile of the mma kernels
+MMA_K_TILE = 32                                           # K per k-tile (one rounded partial sum)
 MMA_K_STEP = {"fp32-f": 16, "fp32-t": 8, "fp32-b": 16}    # K of one mma instruction
 
 
@@ -92,25 +92,26 @@ def emulated_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray
 
 
 def mma_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray:
-    """C = A B in emulated type `t` in the mma kernels' order (module docstring): the top level
-    added per mma k-step, the lower levels per k-tile, every addition an fp32 round-to-nearest."""
+    """C = A B in emulated type `t` in the mma kernels' order (module docstring): per k-tile,
+    the tile's products rounded once (FP32-F: its top level and its 2^-12-scaled lower levels
+    apart, then combined) and added to the fp32 accumulator, every addition round-to-nearest."""
     m, k = a.shape
-    n = b.shape[1]
     kp = -(-k // MMA_K_TILE) * MMA_K_TILE
     pa = [np.pad(p, ((0, 0), (0, kp - k))).astype(np.float64) for p in split(a, t)]
     pb = [np.pad(p, ((0, kp - k), (0, 0))).astype(np.float64) for p in split(b, t)]
-    step = MMA_K_STEP[t.name]
     lower = [pair for level in t.levels[1:] for pair in level]
     scale = np.float64(t.level_scale[-1])
-    acc = np.zeros((m, n), np.float32)
+    acc = np.zeros((m, b.shape[1]), np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         for k0 in range(0, kp, MMA_K_TILE):
-            for s in range(k0, k0 + MMA_K_TILE, step):
-                top = (pa[0][:, s:s + step] @ pb[0][s:s + step]).astype(np.float32)
-                acc = (acc + top).astype(np.float32)
             tile = slice(k0, k0 + MMA_K_TILE)
-            low = sum(pa[i][:, tile] @ pb[j][tile] for i, j in lower).astype(np.float32)
-            acc = (acc.astype(np.float64) + low.astype(np.float64) * scale).astype(np.float32)
+            top = pa[0][:, tile] @ pb[0][tile]
+            low = sum(pa[i][:, tile] @ pb[j][tile] for i, j in lower)
+            if scale == 1.0:
+                part = (top + low).astype(np.float32)
+            else:
+                part = (top.astype(np.float32).astype(np.float64) + low.astype(np.float32) * scale).astype(np.float32)
+            acc = (acc + part).astype(np.float32)
     return acc
 
 

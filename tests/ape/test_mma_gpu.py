@@ -3,9 +3,10 @@ order and against float64 (needs CuPy and a CUDA GPU).
 
 Kernel vs `reference_matmul(..., order="mma")`: the tensor cores truncate each k-step's and
 k-tile's sum where the model rounds it, and later roundings may then differ: at most one fp32
-ulp per k-step and k-tile, so 2 (steps + 4) u of sum |A||B| (u = 2^-24); a wrong part, scale
-or fragment is off by 2^-11 of it or more. Against float64: at most 1.25 x SGEMM's error
-(CuPy's matmul, cuBLAS) on in-range data."""
+ulp per mma of a k-tile, so (mmas per k-tile + 2) u per k-tile of sum |A||B| (u = 2^-24); a wrong
+part, scale or fragment is off by 2^-11 of it or more. Against float64: at most 1.25 x SGEMM's
+error (CuPy's matmul, cuBLAS) on in-range data, at a shape where cuBLAS runs its usual
+kernel (at some shapes it splits K and is 10x more accurate: docs/ape.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,10 @@ def _gemm(a, b, mode, **kw):
     return g, cp.asnumpy(g.run())
 
 
-def _steps(k, mode):
-    return -(-k // MMA_K_STEP[mode]) + -(-k // MMA_K_TILE)
+def _bound(k, mode):
+    t = ape.TYPES[mode]
+    mmas = MMA_K_TILE // MMA_K_STEP[mode] * t.products
+    return (mmas + 2) * -(-k // MMA_K_TILE) * U
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -52,17 +55,19 @@ def test_kernel_matches_the_mma_order_model(mode, shape):
     a, b = in_range((m, k)), in_range((k, n))
     _, c = _gemm(a, b, mode)
     ref = ape.reference_matmul(a, b, mode, order="mma")
-    assert componentwise(c, ref, a, b) <= 2 * (_steps(k, mode) + 4) * U
+    assert componentwise(c, ref, a, b) <= _bound(k, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_kernel_error_is_within_a_quarter_over_sgemms(mode):
     cp = _cp()
-    a, b = in_range((512, 8192)), in_range((8192, 256))
+    a, b = in_range((2048, 2048)), in_range((2048, 2048))
     _, c = _gemm(a, b, mode)
-    exact = a.astype(np.float64) @ b.astype(np.float64)
-    sgemm = componentwise(cp.asnumpy(cp.asarray(a) @ cp.asarray(b)), exact, a, b)
-    err = componentwise(c, exact, a, b)
+    da, db = cp.asarray(a), cp.asarray(b)
+    exact = cp.asnumpy(da.astype(np.float64) @ db.astype(np.float64))
+    den = cp.asnumpy(cp.abs(da.astype(np.float64)) @ cp.abs(db.astype(np.float64)))
+    sgemm = float(np.max(np.abs(cp.asnumpy(da @ db) - exact) / den))
+    err = float(np.max(np.abs(c - exact) / den))
     assert err <= 1.25 * sgemm, (err, sgemm)
 
 
@@ -75,7 +80,7 @@ def test_mixed_plan_on_the_kernels_matches_the_model():
     speeds = ape.Speeds(f=1.0, b=2.0, fp32=8.0, launch=0.0)
     g, c = _gemm(a, b, "auto", speeds=speeds)
     assert g.plan.kind == "mixed" and len(g.groups) == 2
-    assert componentwise(c, ape.reference_matmul(a, b, "auto", order="mma"), a, b) <= 2 * (_steps(k, "fp32-b") + 4) * U
+    assert componentwise(c, ape.reference_matmul(a, b, "auto", order="mma"), a, b) <= _bound(k, "fp32-b")
     exact = a.astype(np.float64) @ b.astype(np.float64)
     assert componentwise(c, exact, a, b) <= 1.25 * componentwise(cp.asnumpy(cp.asarray(a) @ cp.asarray(b)), exact, a, b) + 4 * U
 
