@@ -4,26 +4,9 @@ bf16) and int16 GEMMs from int8, with the type chosen per K panel from the data.
 `reference_matmul` and `block_mask` are numpy; `matmul` runs on CuPy arrays (cuBLAS
 tensor-core kernels or cuBLAS GEMMs, fed by our split kernels). See docs/ape.md for the error analysis."""
 from .adapter import PANEL, Plan, Speeds, decide, f_block_fraction, panel_classes
-from .reference import (
-    MASK_B,
-    MASK_F,
-    MASK_FP32,
-    MODES,
-    ApeError,
-    block_mask,
-    element_class,
-    reference_matmul,
-)
-from .types import (
-    FP32_B,
-    FP32_F,
-    FP32_T,
-    TYPES,
-    EmulatedType,
-    reconstruct,
-    split,
-    split_int16,
-)
+from .reference import (MASK_B, MASK_F, MASK_FP32, MODES, ApeError, block_mask, element_class,
+                        reference_matmul)
+from .types import FP32_B, FP32_F, FP32_T, TYPES, EmulatedType, reconstruct, split, split_int16
 
 
 def matmul(a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None, speeds: Speeds | None = None,
@@ -37,28 +20,7 @@ def matmul(a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None, sp
     return _matmul(a, b, mode=mode, out=out, k_chunk=k_chunk, speeds=speeds, engine=engine)
 
 
-__all__ = [
-    "FP32_B",
-    "FP32_F",
-    "FP32_T",
-    "MASK_B",
-    "MASK_F",
-    "MASK_FP32",
-    "MODES",
-    "PANEL",
-    "TYPES",
-    "ApeError",
-    "EmulatedType",
-    "Plan",
-    "Speeds",
-    "block_mask",
-    "decide",
-    "element_class",
-    "f_block_fraction",
-    "matmul",
-    "panel_classes",
-    "reconstruct",
-    "reference_matmul",
-    "split",
-    "split_int16",
-]
+__all__ = ["matmul", "reference_matmul", "block_mask", "element_class", "MODES", "ApeError", "PANEL",
+           "Plan", "Speeds", "decide", "f_block_fraction", "panel_classes", "MASK_F", "MASK_B",
+           "MASK_FP32", "FP32_F", "FP32_T", "FP32_B", "TYPES", "EmulatedType", "split", "reconstruct",
+           "split_int16"]

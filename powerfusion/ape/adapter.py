@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .reference import MASK_B, MASK_F, MASK_FP32
+from .reference import MASK_B, MASK_F, MASK_FP32, PANEL, panel_classes
 
 MASK_ROWS = 128      # rows (of A) / columns (of B) per mask block
 

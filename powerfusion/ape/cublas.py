@@ -111,7 +111,7 @@ class Cublas:
         self._check(status, f"cublasGemmStridedBatchedEx (compute {t.compute}, {m}x{n}x{k}, batch {batch})")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def handle_for(device_id: int) -> Cublas:
     """One handle per device per process."""
     return Cublas()
