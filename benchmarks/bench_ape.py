@@ -279,7 +279,7 @@ def int16_cases(rng, stream, sizes, log) -> list[dict]:
 
 def markdown(meta, res) -> str:
     lines = [f"# Ape GEMMs ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
-             "Time per call from CUDA-graph replay (split kernels + cuBLAS calls); error = max over C of "
+             "Time per call from CUDA-graph replay (split kernels + our mma kernel or cuBLAS calls; mode:engine names the engine); error = max over C of "
              "|C - C64| / (|A||B|) against float64; speedup and error ratio vs cuBLAS SGEMM on the same data.", "",
              "| case | M x N x K | mode | plan (engine) | time (ms) | TFLOP/s | speedup vs SGEMM | error | error / SGEMM's |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -353,6 +353,12 @@ def main():
                 "int16": lambda: int16_cases(rng, stream, (1024, 4096, 8192), log)}
     res, failures = {}, {}
     wanted = args.sections.split(",")
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    meta = {"device": props["name"].decode(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit, "cupy": cp.__version__}
+    res, failures = {"failures": {}}, {}
     for name, fn in sections.items():
         if name not in wanted:
             continue
@@ -363,16 +369,11 @@ def main():
             print(failures[name], flush=True)
             res[name] = []
         cp.get_default_memory_pool().free_all_blocks()
-    res["failures"] = failures
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    meta = {"device": props["name"].decode(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": commit, "cupy": cp.__version__}
-    (args.out / "ape.json").write_text(json.dumps({"meta": meta, **res}, indent=1))
-    (args.out / "ape.md").write_text(markdown(meta, res))
+        res["failures"] = failures
+        # written after every section, so a run cut short keeps what it measured
+        (args.out / "ape.json").write_text(json.dumps({"meta": meta, **res}, indent=1))
+        (args.out / "ape.md").write_text(markdown(meta, res))
     print(markdown(meta, res))
-
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,7 @@
 """Ape engine "mma" vs "cublas" at square sizes, with the split kernels and our tensor-core
 kernel timed apart and ring depths / tile groupings of the kernel compared (tuning aid).
 
-    python benchmarks/diag/ape_mma_sweep.py --out DIR [--sizes 4096,8192]
+    python benchmarks/diag/ape_mma_sweep.py --out DIR [--sizes 4096,8192] [--modes fp32-f,fp32-t,fp32-b]
 
 Writes ape-mma-sweep.json to --out; prints one line per measurement."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ def variant(mode, wn, stages, minb, group_m, bk):
     smem = mma.smem_bytes(mode, tiling, bk)
     if smem * minb > 227 * 1024:
         return None
-    fn = cp.RawModule(code=mma.source({mode: tiling}, group_m, bk)).get_function(f"ape_mma_{mode[-1]}")
+    fn = cp.RawModule(code=mma.source({mode: tiling}, group_m, bk, (mode,))).get_function(f"ape_mma_{mode[-1]}")
     fn.max_dynamic_shared_size_bytes = smem
     return fn, tiling, smem
 
@@ -51,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--sizes", default="4096,8192")
+    ap.add_argument("--modes", default="fp32-f,fp32-t,fp32-b")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = cp.random.default_rng(19)
@@ -71,7 +72,7 @@ def main():
         stream.synchronize()
         e_sg = exact.error(out)
         log({"size": size, "mode": "sgemm", "time_ms": t_sg * 1e3, "error": e_sg})
-        for mode in ("fp32-f", "fp32-t", "fp32-b"):
+        for mode in args.modes.split(","):
             for engine, chunk in (("mma", None), ("cublas", None), ("cublas", 4096)):
                 try:
                     g = ApeGemm(a, b, mode, out, engine=engine, k_chunk=chunk)
@@ -103,9 +104,9 @@ def main():
                                 tk = time_graph(launch, stream)
                                 log({"size": size, "mode": mode, "variant": name, "kernel_ms": tk * 1e3,
                                      "kernel_tflops": 2 * size ** 3 * PRODUCTS[mode] / tk / 1e12, "error": exact.error(out)})
-                            except Exception:   # keep the other variants
+                            except Exception:   # noqa: BLE001 -- keep the other variants
                                 log({"size": size, "mode": mode, "variant": name, "failed": traceback.format_exc()[-800:]})
-                except Exception:   # keep the other measurements
+                except Exception:   # noqa: BLE001 -- keep the other measurements
                     log({"size": size, "mode": mode, "engine": engine, "failed": traceback.format_exc()})
         del a, b, exact, out
         cp.get_default_memory_pool().free_all_blocks()

@@ -269,7 +269,7 @@ def _pitches(mode: str, bk: int = BK, tiling: Tiling | None = None) -> tuple[int
 
 def smem_bytes(mode: str, tiling: Tiling | None = None, bk: int = BK) -> int:
     tiling = tiling or TILINGS[mode]
-    item, a_pitch, b_pitch = _pitches(mode, bk, tiling)
+    _, a_pitch, b_pitch = _pitches(mode, bk, tiling)
     return tiling.stages * TYPES[mode].parts * (BM * a_pitch + bk * b_pitch)
 
 
@@ -308,13 +308,14 @@ def kernel_source(mode: str, tiling: Tiling | None = None, bk: int = BK) -> str:
         "epilogue": _EPILOGUE % fill}
 
 
-def source(tilings: dict[str, Tiling] | None = None, group_m: int = GROUP_M, bk: int = BK) -> str:
-    """The translation unit of the three kernels (no headers: NVRTC takes it as it is);
+def source(tilings: dict[str, Tiling] | None = None, group_m: int = GROUP_M, bk: int = BK,
+           modes: tuple[str, ...] = ("fp32-f", "fp32-t", "fp32-b")) -> str:
+    """The translation unit of the kernels of `modes` (no headers: NVRTC takes it as it is);
     `tilings` / `group_m` / `bk` override the tiling per mode, the tile grouping and the
     k-tile (for tuning; the numpy model follows BK)."""
     head = _COMMON % {"bm": BM, "bk": bk, "threads": THREADS, "group_m": group_m}
     tilings = tilings or {}
-    return "\n".join([head] + [kernel_source(mode, tilings.get(mode), bk) for mode in ("fp32-f", "fp32-t", "fp32-b")])
+    return "\n".join([head] + [kernel_source(mode, tilings.get(mode), bk) for mode in modes])
 
 
 KERNEL_NAMES = ("ape_mma_f", "ape_mma_t", "ape_mma_b")

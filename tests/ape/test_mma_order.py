@@ -108,7 +108,7 @@ def test_mma_kernels_compile_without_spilling_much(arch, tmp_path):
     assert "#include" not in mma.source()
     cubin = tmp_path / "ape_mma.cubin"
     run = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     entries = set(re.findall(r"Compiling entry function '(\w+)'", run.stderr))
     assert entries == set(mma.KERNEL_NAMES)
