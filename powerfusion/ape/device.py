@@ -1,11 +1,16 @@
-"""Ape GEMMs on CuPy arrays: split kernels feeding cuBLAS tensor-core GEMMs.
+"""Ape GEMMs on CuPy arrays: split kernels feeding our own tensor-core kernel (engine "mma",
+`mma.py`, round-to-nearest accumulation) or cuBLAS tensor-core GEMMs (engine "cublas").
 
 `ApeGemm(a, b, mode)` fixes the plan (for "auto": scan the block masks, copy them to the
 host, decide) and allocates every buffer; `run()` then only launches kernels and cuBLAS calls
 on the current stream, so it can be captured into a CUDA graph and replayed while the
 operands' values change within the plan's ranges. `matmul` is the one-shot form.
 
-Per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
+Engine "auto" (the default) runs "mma" wherever it applies (N % 8 == 0, enough shared memory
+on the device) and "cublas" elsewhere: "mma" is the engine measured within SGEMM's error at
+every K, "cublas" the faster one (docs/ape.md, "Which engine auto picks").
+
+On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
 [Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level first, all
 accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for FP32-F's
 cross terms). `k_chunk` splits each level's K into chunks computed as one strided-batched
@@ -79,6 +84,7 @@ def mma_fits(mode: str) -> bool:
 
 
 def pick_engine(engine: str, n: int, k_chunk: int | None) -> str:
+    """The engine a GEMM with N columns runs on ("auto": "mma" where it applies)."""
     if engine not in ENGINES:
         raise ApeError(f"unknown Ape engine {engine!r}; expected one of {', '.join(ENGINES)}")
     if engine == "mma" and not mma_applies(n, k_chunk):

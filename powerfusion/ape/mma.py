@@ -1,28 +1,29 @@
 """CUDA source of Ape's own tensor-core GEMMs (`ape_mma_f`, `ape_mma_t`, `ape_mma_b`): C (+)=
 the emulated product of the split parts, with round-to-nearest fp32 accumulation.
 
-Why our own kernel: cuBLAS accumulates each GEMM on the tensor cores, which truncate every
-partial sum, and that error grows with K (docs/ape.md). Here each k-step's top product (Hi x Hi,
-one m16n8k16 fp16 / bf16 or m16n8k8 TF32 mma) starts from zero and is added to an fp32
-accumulator with an ordinary (round-to-nearest) FADD; the lower levels (cross terms, 2^-11 of
-C or less) run in a second mma accumulator that is folded in with an FFMA at the end of every
-BK-wide k-tile. So no truncating sum runs longer than one mma for the top level or one k-tile
-for the rest. `reference.fused_matmul` models this order.
+Why our own kernel: cuBLAS sums each GEMM's K in one tensor-core accumulator, which truncates
+every partial sum, and that error grows with K (docs/ape.md). Here, per k-tile of BK = 32, each
+output tile's part products are summed from zero on the tensor cores (mma.sync: m16n8k16 fp16 /
+bf16, m16n8k8 TF32; FP32-F's 2^-12-scaled cross terms in a second sum, folded in with one FFMA)
+and the tile's sum is added to fp32 registers with an ordinary round-to-nearest FADD. No
+truncating sum runs over more than one k-tile. `reference.mma_matmul` models this order.
 
-The kernel reads the parts written by the split kernels (`kernels.py`, same layouts as the
+The kernel reads the parts written by the split kernels (`kernels.py`, the layouts of the
 cuBLAS path: A's parts side by side along K, B's parts stacked in reverse), not fp32: a split
-inside the loop costs per element a convert, a subtract, a multiply and a second convert,
-either in every warp that reads the element (issue slots the mma loop needs) or once per block
-through a second shared-memory buffer (shared-memory bandwidth the fragment loads need); the
-split kernels cost one memory-bound pass instead (docs/ape.md gives the measured times).
+inside the loop costs per element two converts, a subtract and a multiply, either in every warp
+that reads the element (issue slots the mma loop needs) or once per block through a second
+shared-memory buffer (bandwidth the fragment loads need); the split kernels cost one
+memory-bound pass instead (docs/ape.md gives the measured times).
 
-Structure (as in ttile's prefill kernel): a block computes BM x BN = 128 x 128 of C with 8 warps
-(2 x 4, 64 x 32 each: 4 m16 x 4 n8 tiles); a STAGES-deep cp.async ring brings BK = 32 columns
-of every part of A and rows of every part of B to shared memory (rows padded by 16 bytes so
-ldmatrix reads hit distinct banks); fragments come from ldmatrix (ldmatrix.trans for 16-bit B,
-scalar loads for TF32 B). Tiles are visited in groups of 8 block rows so a wave of blocks
-shares A and B panels in L2. Needs N % 8 == 0 and K padded to a multiple of BK (the split
-kernels write zeros past K); rows past M are zero-filled. No host synchronisation: capturable.
+Structure (as in ttile's prefill kernel): 8 warps (2 x 4) per block, each 64 x 8 WN of C
+(`TILINGS`: 64 x 64 for FP32-F, 64 x 32 for the others); a `stages`-deep cp.async ring brings
+every part's k-tile of A and B to shared memory (rows padded by 16 bytes so ldmatrix reads hit
+distinct banks); fragments come from ldmatrix (ldmatrix.trans for 16-bit B, scalar loads for
+TF32 B); per k-tile a warp loads its B fragments once and its A fragments per m16 row of tiles,
+so only the fp32 accumulators persist across k-tiles. Tiles are visited in groups of GROUP_M
+block rows so a wave of blocks shares A and B panels in L2. Needs N % 8 == 0 and K padded to a
+multiple of BK (the split kernels write zeros past K); rows past M are zero-filled. No host
+synchronisation: capturable. Measured speed and its limits: docs/ape.md.
 """
 from __future__ import annotations
 
