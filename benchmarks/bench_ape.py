@@ -33,7 +33,9 @@ RESNET = [("resnet conv2 3x3", 100352, 64, 576), ("resnet conv3 3x3", 25088, 128
           ("resnet conv4 3x3", 6272, 256, 2304), ("resnet conv5 3x3", 1568, 512, 4608),
           ("resnet conv2 1x1 up", 100352, 256, 64), ("resnet conv4 1x1 up", 6272, 1024, 256),
           ("resnet fc", 32, 1000, 2048)]
-MODES = ("sgemm", "tf32", "fp32-f", "fp32-t", "fp32-b", "auto")
+# an emulated mode with ":engine" runs on that engine (our own mma kernels or cuBLAS)
+MODES = ("sgemm", "tf32", "fp32-f:mma", "fp32-f:cublas", "fp32-t:mma", "fp32-t:cublas", "fp32-b:mma",
+         "fp32-b:cublas", "auto")
 
 
 def time_graph(fn, stream, target_s: float = 0.08) -> float:
@@ -101,7 +103,8 @@ def gemm_for(mode: str, a, b, out, k_chunk=None, speeds=None):
     from powerfusion.ape.device import ApeGemm
     if mode in ("sgemm", "tf32"):
         return baseline(mode, a, b, out), None
-    g = ApeGemm(a, b, mode, out, k_chunk=k_chunk, speeds=speeds)
+    mode, _, engine = mode.partition(":")
+    g = ApeGemm(a, b, mode, out, k_chunk=k_chunk, speeds=speeds, engine=engine or ("cublas" if k_chunk else "auto"))
     return g.run, g
 
 
@@ -119,6 +122,7 @@ def measure(case, a, b, stream, modes=MODES, k_chunk=None, speeds=None, exact=No
             fn()
         stream.synchronize()
         rows.append({"case": case, "m": m, "n": n, "k": k, "mode": mode, "k_chunk": k_chunk,
+                     "engine": "+".join(sorted({grp.engine for grp in g.groups})) if g and g.groups else "cublas",
                      "plan": g.plan.kind if g else mode, "time_s": t, "tflops": 2 * m * n * k / t / 1e12,
                      "error": exact.error(out),
                      "f_fraction_blocks": (g.plan.f_fraction_blocks if g and mode == "auto" else None)})
@@ -143,10 +147,10 @@ def scan_time(a, b, stream) -> float:
     return time_graph(scan, stream)
 
 
-def gemm_cases(rng, stream, quick: bool, log) -> list[dict]:
+def gemm_cases(rng, stream, quick: bool, log, square_only=False) -> list[dict]:
     rows = []
     sizes = [1024, 2048, 4096] + ([] if quick else [8192])
-    cases = [(f"square {s}", s, s, s) for s in sizes] + BERT + RESNET
+    cases = [(f"square {s}", s, s, s) for s in sizes] + ([] if square_only else BERT + RESNET)
     for name, m, n, k in cases:
         a, b = in_range_data(rng, (m, k)), in_range_data(rng, (k, n))
         new = measure(name, a, b, stream)
@@ -163,7 +167,7 @@ def chunk_cases(rng, stream, size: int, log) -> list[dict]:
     a, b = in_range_data(rng, (size, size)), in_range_data(rng, (size, size))
     exact = Exact(a, b)
     rows = measure(f"square {size}", a, b, stream, modes=("sgemm",), exact=exact)
-    for chunk in (1024, 2048):
+    for chunk in (2048, 4096):
         new = measure(f"square {size}", a, b, stream, modes=("fp32-f", "fp32-t", "fp32-b"), k_chunk=chunk, exact=exact)
         for r in new:
             r["speedup_vs_sgemm"] = rows[0]["time_s"] / r["time_s"]
@@ -172,6 +176,28 @@ def chunk_cases(rng, stream, size: int, log) -> list[dict]:
         log(f"chunk {chunk}", new)
         cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def mma_breakdown(rng, stream, size: int, log) -> list[dict]:
+    """Engine "mma" at size^3: the split kernels and our tensor-core kernel timed apart."""
+    import cupy as cp
+    from powerfusion.ape.device import ApeGemm
+    a, b = in_range_data(rng, (size, size)), in_range_data(rng, (size, size))
+    out = cp.empty((size, size), cp.float32)
+    rows = []
+    for mode in ("fp32-f", "fp32-t", "fp32-b"):
+        g = ApeGemm(a, b, mode, out, engine="mma")
+        grp = g.groups[0]
+        whole = time_graph(g.run, stream)
+        splits = time_graph(lambda grp=grp: grp.split(a, b), stream)
+        row = {"case": f"square {size}", "mode": mode, "time_s": whole, "split_s": splits,
+               "kernel_s": whole - splits, "kernel_tflops": 2 * size ** 3 * TYPES_PRODUCTS[mode] / (whole - splits) / 1e12}
+        rows.append(row)
+        log("breakdown", [row])
+    return rows
+
+
+TYPES_PRODUCTS = {"fp32-f": 3, "fp32-t": 3, "fp32-b": 6}
 
 
 def mixed_curve(rng, stream, size: int, log) -> list[dict]:
@@ -253,20 +279,27 @@ def int16_cases(rng, stream, sizes, log) -> list[dict]:
 
 def markdown(meta, res) -> str:
     lines = [f"# Ape GEMMs ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
-             "Time per call from CUDA-graph replay (split kernels + cuBLAS calls); error = max over C of "
+             "Time per call from CUDA-graph replay (split kernels + our mma kernel or cuBLAS calls; mode:engine names the engine); error = max over C of "
              "|C - C64| / (|A||B|) against float64; speedup and error ratio vs cuBLAS SGEMM on the same data.", "",
-             "| case | M x N x K | mode | plan | time (ms) | TFLOP/s | speedup vs SGEMM | error | error / SGEMM's |",
+             "| case | M x N x K | mode | plan (engine) | time (ms) | TFLOP/s | speedup vs SGEMM | error | error / SGEMM's |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for r in res["gemm"] + res["chunks"] + res["full_range"]:
+    for r in res.get("gemm", []) + res.get("chunks", []) + res.get("full_range", []):
         mode = r["mode"] + (f" (K chunk {r['k_chunk']})" if r.get("k_chunk") else "")
-        lines.append(f"| {r['case']} | {r['m']}x{r['n']}x{r['k']} | {mode} | {r['plan']} | {r['time_s'] * 1e3:.3f} | "
+        lines.append(f"| {r['case']} | {r['m']}x{r['n']}x{r['k']} | {mode} | {r['plan']} ({r.get('engine', 'cublas')}) | {r['time_s'] * 1e3:.3f} | "
                      f"{r['tflops']:.1f} | {r.get('speedup_vs_sgemm', float('nan')):.2f}x | {r['error']:.2e} | "
                      f"{r.get('error_vs_sgemm', float('nan')):.2f} |")
+    if res.get("breakdown"):
+        lines += ["", "## Engine mma: split kernels vs our tensor-core kernel", "",
+                  "| case | mode | total (ms) | splits (ms) | kernel (ms) | kernel TFLOP/s of part products |",
+                  "|---|---|---|---|---|---|"]
+        for r in res["breakdown"]:
+            lines.append(f"| {r['case']} | {r['mode']} | {r['time_s'] * 1e3:.3f} | {r['split_s'] * 1e3:.3f} | "
+                         f"{r['kernel_s'] * 1e3:.3f} | {r['kernel_tflops']:.0f} |")
     lines += ["", "## Mixed case (share of K panels needing FP32-B)", "",
               "| FP32-B panels | SGEMM (ms) | pure FP32-B (ms) | mixed (ms) | auto (ms) | auto's plan | auto error / SGEMM's |",
               "|---|---|---|---|---|---|---|"]
     by_pct = {}
-    for r in res["mixed"]:
+    for r in res.get("mixed", []):
         by_pct.setdefault(r["b_panel_pct"], {})[r["mode"]] = r
     for pct, d in sorted(by_pct.items()):
         if not {"sgemm", "fp32-b", "auto"} <= set(d):
@@ -277,12 +310,12 @@ def markdown(meta, res) -> str:
                      f"{d['auto']['plan']} | {d['auto']['error_vs_sgemm']:.2f} |")
     lines += ["", "## Scan (block masks of A and B) vs the GEMM", "", "| case | scan (us) | auto GEMM (ms) | share |",
               "|---|---|---|---|"]
-    for r in res["gemm"]:
+    for r in res.get("gemm", []):
         if r["mode"] == "auto":
             lines.append(f"| {r['case']} | {r['scan_s'] * 1e6:.1f} | {r['time_s'] * 1e3:.3f} | {r['scan_s'] / r['time_s']:.1%} |")
     lines += ["", "## int16 from int8 (vs CuPy's int32 CUDA-core matmul)", "",
               "| case | Ape int16 (ms) | int32 CUDA cores (ms) | speedup | bit-exact |", "|---|---|---|---|---|"]
-    for r in res["int16"]:
+    for r in res.get("int16", []):
         lines.append(f"| {r['case']} | {r['time_ape_s'] * 1e3:.2f} | {r['time_int32_s'] * 1e3:.2f} | "
                      f"{r['speedup']:.1f}x | {r['bit_exact']} |")
     for name, tb in res.get("failures", {}).items():
@@ -296,6 +329,9 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="no 8192 cases (for a smoke run)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse here)")
+    ap.add_argument("--sections", default="gemm,breakdown,chunks,full_range,mixed,int16",
+                    help="comma-separated sections to run")
+    ap.add_argument("--square-only", action="store_true", help="gemm section: square sizes only")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = cp.random.default_rng(19)
@@ -304,18 +340,28 @@ def main():
 
     def log(name, rows):
         for r in rows:
-            keys = ("mode", "plan", "time_s", "speedup_vs_sgemm", "error", "error_vs_sgemm", "speedup", "bit_exact")
+            keys = ("mode", "engine", "plan", "time_s", "split_s", "kernel_s", "kernel_tflops", "speedup_vs_sgemm", "error", "error_vs_sgemm", "speedup", "bit_exact")
             print(f"[{time.time() - t0:6.1f}s] {name}: " + ", ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float)
                                                                     else f"{k}={r[k]}" for k in keys if k in r), flush=True)
 
     big = 4096 if args.quick else 8192
-    sections = {"gemm": lambda: gemm_cases(rng, stream, args.quick, log),
+    sections = {"gemm": lambda: gemm_cases(rng, stream, args.quick, log, args.square_only),
+                "breakdown": lambda: mma_breakdown(rng, stream, big, log),
                 "chunks": lambda: chunk_cases(rng, stream, big, log),
                 "full_range": lambda: full_range_case(rng, stream, 4096, log),
                 "mixed": lambda: mixed_curve(rng, stream, big, log),
                 "int16": lambda: int16_cases(rng, stream, (1024, 4096, 8192), log)}
     res, failures = {}, {}
+    wanted = args.sections.split(",")
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    meta = {"device": props["name"].decode(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit, "cupy": cp.__version__}
+    res, failures = {"failures": {}}, {}
     for name, fn in sections.items():
+        if name not in wanted:
+            continue
         try:
             res[name] = fn()
         except Exception:  # report the section that failed and keep the others
@@ -323,16 +369,11 @@ def main():
             print(failures[name], flush=True)
             res[name] = []
         cp.get_default_memory_pool().free_all_blocks()
-    res["failures"] = failures
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    meta = {"device": props["name"].decode(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": commit, "cupy": cp.__version__}
-    (args.out / "ape.json").write_text(json.dumps({"meta": meta, **res}, indent=1))
-    (args.out / "ape.md").write_text(markdown(meta, res))
+        res["failures"] = failures
+        # written after every section, so a run cut short keeps what it measured
+        (args.out / "ape.json").write_text(json.dumps({"meta": meta, **res}, indent=1))
+        (args.out / "ape.md").write_text(markdown(meta, res))
     print(markdown(meta, res))
-
 
 if __name__ == "__main__":
     main()

@@ -2,19 +2,22 @@
 bf16) and int16 GEMMs from int8, with the type chosen per K panel from the data.
 
 `reference_matmul` and `block_mask` are numpy; `matmul` runs on CuPy arrays (cuBLAS
-tensor-core GEMMs fed by our split kernels). See docs/ape.md for the error analysis."""
+tensor-core kernels or cuBLAS GEMMs, fed by our split kernels). See docs/ape.md for the error analysis."""
 from .adapter import PANEL, Plan, Speeds, decide, f_block_fraction, panel_classes
 from .reference import (MASK_B, MASK_F, MASK_FP32, MODES, ApeError, block_mask, element_class,
                         reference_matmul)
 from .types import FP32_B, FP32_F, FP32_T, TYPES, EmulatedType, reconstruct, split, split_int16
 
 
-def matmul(a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None, speeds: Speeds | None = None):
+def matmul(a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None, speeds: Speeds | None = None,
+           engine: str = "auto"):
     """C = A B on CuPy arrays: float32 in one of MODES, or int16 x int16 -> int32 (exact
-    modulo 2^32). `k_chunk` (e.g. 2048) bounds the tensor cores' accumulation length at some
-    cost in speed (docs/ape.md); `speeds` replaces the decider's measured per-type speeds."""
+    modulo 2^32). `engine`: "mma" (our own tensor-core kernels, round-to-nearest accumulation),
+    "cublas" (split kernels feeding cuBLAS GEMMs), "auto" (docs/ape.md says which, where).
+    `k_chunk` (cuBLAS engine, e.g. 2048) bounds the tensor cores' accumulation length at some
+    cost in speed; `speeds` replaces the decider's measured per-type speeds."""
     from .device import matmul as _matmul
-    return _matmul(a, b, mode=mode, out=out, k_chunk=k_chunk, speeds=speeds)
+    return _matmul(a, b, mode=mode, out=out, k_chunk=k_chunk, speeds=speeds, engine=engine)
 
 
 __all__ = ["matmul", "reference_matmul", "block_mask", "element_class", "MODES", "ApeError", "PANEL",

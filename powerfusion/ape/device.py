@@ -1,11 +1,16 @@
-"""Ape GEMMs on CuPy arrays: split kernels feeding cuBLAS tensor-core GEMMs.
+"""Ape GEMMs on CuPy arrays: split kernels feeding our own tensor-core kernel (engine "mma",
+`mma.py`, round-to-nearest accumulation) or cuBLAS tensor-core GEMMs (engine "cublas").
 
 `ApeGemm(a, b, mode)` fixes the plan (for "auto": scan the block masks, copy them to the
 host, decide) and allocates every buffer; `run()` then only launches kernels and cuBLAS calls
 on the current stream, so it can be captured into a CUDA graph and replayed while the
 operands' values change within the plan's ranges. `matmul` is the one-shot form.
 
-Per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
+Engine "auto" (the default) runs "mma" wherever it applies (N % 8 == 0, enough shared memory
+on the device) and "cublas" elsewhere: "mma" is the engine measured within SGEMM's error at
+every K, "cublas" the faster one (docs/ape.md, "Which engine auto picks").
+
+On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
 [Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level first, all
 accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for FP32-F's
 cross terms). `k_chunk` splits each level's K into chunks computed as one strided-batched
@@ -18,8 +23,16 @@ import functools
 
 import numpy as np
 
-from . import cublas, kernels
-from .adapter import MASK_ROWS, PANEL, Plan, Speeds, decide, f_block_fraction, panel_classes
+from . import cublas, kernels, mma
+from .adapter import (
+    MASK_ROWS,
+    PANEL,
+    Plan,
+    Speeds,
+    decide,
+    f_block_fraction,
+    panel_classes,
+)
 from .reference import MASK_B, MASK_F, MASK_FP32, MODES, ApeError
 from .types import TYPES
 
@@ -29,7 +42,7 @@ _KIND_LETTER = {MASK_F: "f", MASK_B: "b"}
 _THREADS = 256
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(device_id: int):
     import cupy
     return cupy.RawModule(code=kernels.source())
@@ -38,6 +51,47 @@ def _module(device_id: int):
 def _kernel(name: str):
     import cupy
     return _module(cupy.cuda.Device().id).get_function(name)
+
+
+@functools.cache
+def _mma_kernel(device_id: int, mode: str):
+    import cupy
+    fn = cupy.RawModule(code=mma.source()).get_function(f"ape_mma_{mode[-1]}")
+    fn.max_dynamic_shared_size_bytes = mma.smem_bytes(mode)   # above 48 KiB needs the opt-in
+    return fn
+
+
+ENGINES = ("auto", "mma", "cublas")
+
+
+def mma_applies(n: int, k_chunk: int | None) -> bool:
+    """Whether our own tensor-core kernel can run a GEMM with N columns (its 16-byte loads of
+    B's rows need N % 8 == 0; K chunking belongs to the cuBLAS path)."""
+    return n % 8 == 0 and not k_chunk
+
+
+@functools.cache
+def _smem_optin(device_id: int) -> int:
+    import cupy
+    return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+def mma_fits(mode: str) -> bool:
+    """Whether the kernel of `mode` gets its shared memory on the current device (sm_90: all
+    three; sm_80's 163 KiB: FP32-F only)."""
+    import cupy
+    return mma.smem_bytes(mode) <= _smem_optin(cupy.cuda.Device().id)
+
+
+def pick_engine(engine: str, n: int, k_chunk: int | None) -> str:
+    """The engine a GEMM with N columns runs on ("auto": "mma" where it applies)."""
+    if engine not in ENGINES:
+        raise ApeError(f"unknown Ape engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    if engine == "mma" and not mma_applies(n, k_chunk):
+        raise ApeError(f"Ape engine 'mma' needs N % 8 == 0 and no k_chunk, got N = {n}, k_chunk = {k_chunk}")
+    if engine == "auto":
+        return "mma" if mma_applies(n, k_chunk) else "cublas"
+    return engine
 
 
 def _launch(name: str, total: int, args) -> None:
@@ -68,14 +122,20 @@ def _check(a, b, mode: str, out):
 
 
 class _EmulatedGroup:
-    """The K panels of one emulated type: their split buffers and part GEMMs."""
+    """The K panels of one emulated type: their split buffers and part GEMMs (cuBLAS, one per
+    level) or our own tensor-core kernel (engine "mma", K padded to its k-tile)."""
 
-    def __init__(self, letter: str, a, b, panels: np.ndarray | None, k_chunk: int | None):
+    def __init__(self, letter: str, a, b, panels: np.ndarray | None, k_chunk: int | None, engine: str = "cublas"):
         import cupy
         self.letter, self.t = letter, TYPES[f"fp32-{letter}"]
+        if engine == "mma" and not mma_fits(self.t.name):
+            engine = "cublas"   # this device has too little shared memory for the kernel's ring
+        self.engine = engine
         self.m, self.k = a.shape
         self.n = b.shape[1]
         self.kp = self.k if panels is None else len(panels) * PANEL
+        if engine == "mma":
+            self.kp = -(-self.kp // mma.BK) * mma.BK
         self.panels = None if panels is None else cupy.asarray(panels, dtype=np.int32)
         p, dt = self.t.parts, _PART_DTYPE[letter]
         self.a_parts = cupy.empty((self.m, p * self.kp), dt)
@@ -84,13 +144,26 @@ class _EmulatedGroup:
         levels = len(self.t.levels)
         self.chunks = cupy.empty((levels * self.kp // self.k_chunk, self.m, self.n), np.float32) if self.k_chunk else None
 
-    def run(self, a, b, c, first: bool) -> bool:
+    def split(self, a, b) -> None:
+        """The split kernels: A's and B's parts into this group's buffers."""
         panels = np.uint64(0) if self.panels is None else self.panels
         _launch(f"ape_split_{self.letter}_a", self.m * self.kp,
                 (a, _i64(self.m), _i64(self.k), _i64(a.shape[1]), panels, _i64(self.kp), self.a_parts))
         _launch(f"ape_split_{self.letter}_b", self.kp * self.n,
                 (b, _i64(self.k), _i64(self.n), _i64(b.shape[1]), panels, _i64(self.kp), self.b_parts))
+
+    def run(self, a, b, c, first: bool) -> bool:
+        """Split, then C = the emulated product (+ C unless `first`); returns the new `first`."""
         import cupy
+        self.split(a, b)
+        if self.engine == "mma":
+            if self.m == 0 or self.n == 0:
+                return False
+            fn = _mma_kernel(c.device.id, self.t.name)
+            fn((mma.grid(self.m, self.n, self.t.name),), (mma.THREADS,), (self.a_parts, self.b_parts, _i64(self.m), _i64(self.n),
+                                                            _i64(self.kp), c, np.int32(not first)),
+               shared_mem=mma.smem_bytes(self.t.name))
+            return False
         blas = cublas.handle_for(c.device.id)
         blas.bind(cupy.cuda.get_current_stream())
         p, item = self.t.parts, self.a_parts.itemsize
@@ -128,9 +201,10 @@ class ApeGemm:
     """A planned fp32 Ape GEMM with its buffers; `run()` is graph-capturable."""
 
     def __init__(self, a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None,
-                 speeds: Speeds | None = None):
+                 speeds: Speeds | None = None, engine: str = "auto"):
         import cupy
         _check(a, b, mode, out)
+        self.engine = pick_engine(engine, b.shape[1], k_chunk)
         self.a, self.b = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
         self.m, self.k = a.shape
         self.n = b.shape[1]
@@ -139,13 +213,14 @@ class ApeGemm:
         self.groups, self.fp32_runs = [], []
         npanels = -(-self.k // PANEL)
         if self.plan.kind in ("fp32-f", "fp32-t", "fp32-b") and mode != "auto":
-            self.groups.append(_EmulatedGroup(self.plan.kind[-1], self.a, self.b, None, k_chunk))
+            self.groups.append(_EmulatedGroup(self.plan.kind[-1], self.a, self.b, None, k_chunk, self.engine))
             return
         for cls in (MASK_B, MASK_F):
             idx = self.plan.panels(cls)
             if idx.size:
                 whole = idx.size == npanels and self.k % PANEL == 0
-                self.groups.append(_EmulatedGroup(_KIND_LETTER[cls], self.a, self.b, None if whole else idx, k_chunk))
+                self.groups.append(_EmulatedGroup(_KIND_LETTER[cls], self.a, self.b, None if whole else idx, k_chunk,
+                                                  self.engine))
         self.fp32_runs = _runs(self.plan.panels(MASK_FP32))
 
     def _plan(self, mode: str, speeds: Speeds | None) -> Plan:
@@ -198,7 +273,7 @@ def block_mask_device(x, block, copy: bool = True, mask=None):
     return cupy.asnumpy(mask) if copy else mask
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _speeds(device_id: int, n: int) -> Speeds:
     import cupy
     rng = cupy.random.default_rng(0)

@@ -8,6 +8,12 @@ added smallest first. What the model does not reproduce is the order of the fp32
 inside a GEMM and the tensor cores' truncating (round-toward-zero) accumulation, so device
 results agree with it to a few fp32 ulps of sum(|A||B|), not bit for bit; that difference grows
 with K, as SGEMM's own error does.
+
+`order="mma"` models our own tensor-core kernels (`mma.py`) instead: per k-tile of 32, the
+tile's part products (all levels; FP32-F's 2^-12-scaled lower levels summed apart and combined
+with one rounding) are summed from zero, rounded to fp32 and added to an fp32 accumulator in
+round-to-nearest. Sums inside a tile are exact here (float64, then one rounding); the tensor
+cores truncate them after every mma instead: a few fp32 ulps of the tile's sum.
 """
 from __future__ import annotations
 
@@ -27,6 +33,9 @@ def panel_classes(a_panels: np.ndarray, b_panels: np.ndarray) -> np.ndarray:
 
 
 MODES = ("auto", "fp32", "fp32-f", "fp32-t", "fp32-b")
+ORDERS = ("levels", "mma")
+MMA_K_TILE = 32                                           # K per k-tile (one rounded partial sum)
+MMA_K_STEP = {"fp32-f": 16, "fp32-t": 8, "fp32-b": 16}    # K of one mma instruction
 
 
 class ApeError(PowerFusionError):
@@ -82,6 +91,30 @@ def emulated_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray
     return c.astype(np.float32)
 
 
+def mma_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray:
+    """C = A B in emulated type `t` in the mma kernels' order (module docstring): per k-tile,
+    the tile's products rounded once (FP32-F: its top level and its 2^-12-scaled lower levels
+    apart, then combined) and added to the fp32 accumulator, every addition round-to-nearest."""
+    m, k = a.shape
+    kp = -(-k // MMA_K_TILE) * MMA_K_TILE
+    pa = [np.pad(p, ((0, 0), (0, kp - k))).astype(np.float64) for p in split(a, t)]
+    pb = [np.pad(p, ((0, kp - k), (0, 0))).astype(np.float64) for p in split(b, t)]
+    lower = [pair for level in t.levels[1:] for pair in level]
+    scale = np.float64(t.level_scale[-1])
+    acc = np.zeros((m, b.shape[1]), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k0 in range(0, kp, MMA_K_TILE):
+            tile = slice(k0, k0 + MMA_K_TILE)
+            top = pa[0][:, tile] @ pb[0][tile]
+            low = sum(pa[i][:, tile] @ pb[j][tile] for i, j in lower)
+            if scale == 1.0:
+                part = (top + low).astype(np.float32)
+            else:
+                part = (top.astype(np.float32).astype(np.float64) + low.astype(np.float32) * scale).astype(np.float32)
+            acc = (acc + part).astype(np.float32)
+    return acc
+
+
 def int16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """int16 x int16 -> int32 from four int8 GEMMs (int32 accumulation) and a rank-1
     correction; exact modulo 2^32, so exact wherever the true result fits int32."""
@@ -107,13 +140,17 @@ def int16_combine(hh, cross, ll, row_sum_a, col_sum_b, k: int) -> np.ndarray:
     return total.view(np.int32)
 
 
-def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f") -> np.ndarray:
+def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f", order: str = "levels") -> np.ndarray:
     """The numpy model of `powerfusion.ape.matmul`: fp32 inputs in "fp32-f" / "fp32-t" /
     "fp32-b" / "fp32" (plain fp32 GEMM) / "auto" (K panels of 128 mixed as the adapter's
     mixed plan does: FP32-F where both operands' panels allow it, else FP32-B, else fp32);
-    int16 inputs -> int32 (mode ignored)."""
+    int16 inputs -> int32 (mode ignored). `order`: "levels" models the cuBLAS path (one fp32
+    GEMM per level), "mma" our own tensor-core kernels (`mma_matmul`)."""
     a, b = np.asarray(a), np.asarray(b)
     _check_operands(a, b, mode)
+    if order not in ORDERS:
+        raise ApeError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
+    emulated = mma_matmul if order == "mma" else emulated_matmul
     if a.dtype == np.int16 and b.dtype == np.int16:
         return int16_matmul(a, b)
     if a.dtype != np.float32 or b.dtype != np.float32:
@@ -121,13 +158,13 @@ def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f") -> np.n
     if mode == "fp32":
         return (a @ b).astype(np.float32)
     if mode != "auto":
-        return emulated_matmul(a, b, TYPES[mode])
+        return emulated(a, b, TYPES[mode])
     cls = panel_classes(block_mask(a, (a.shape[0], PANEL))[0], block_mask(b, (PANEL, b.shape[1]))[:, 0])
     c = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for kind, t in ((MASK_FP32, None), (MASK_B, FP32_B), (MASK_F, FP32_F)):
         cols = np.flatnonzero(np.repeat(cls == kind, PANEL)[:a.shape[1]])
         if cols.size:
             with np.errstate(over="ignore", invalid="ignore"):
-                part = a[:, cols] @ b[cols] if t is None else emulated_matmul(a[:, cols], b[cols], t)
+                part = a[:, cols] @ b[cols] if t is None else emulated(a[:, cols], b[cols], t)
                 c = (c + part).astype(np.float32)
     return c
