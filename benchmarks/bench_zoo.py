@@ -181,7 +181,7 @@ def bench_case(name: str, batch: int, dtype: str, exports: Path, impls) -> tuple
         built = zoo_models.build(name, batch, dtype)
         stage = "export"
         path = exports / f"{name}_b{batch}_{dtype}.onnx"
-        exporter = zoo_models.export(built, path)
+        exporter = zoo_models.export(built, path, dtype)
     except Exception as e:
         traceback.print_exc()
         err = f"{stage}: {_one_line(e)}"

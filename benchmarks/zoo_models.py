@@ -104,8 +104,11 @@ def _transformers(name: str):
     return _hidden_states(model.eval()), config.vocab_size
 
 
-def export(built: Built, path: Path) -> str:
-    """Writes `path`; returns the exporter that worked (raises with both errors if neither)."""
+def export(built: Built, path: Path, dtype: str = "fp32") -> str:
+    """Writes `path`; returns the exporter that worked (raises with both errors if neither).
+    fp16: a TorchScript export whose MatMuls / Gemms compute in fp32 is not an fp16 model (torch
+    2.11's TorchScript exporter does that to BERT-base in `.half()`: 92 of 96 MatMuls, see
+    benchmarks/diag/onnx_dtypes.py); the dynamo exporter (torch's default since 2.9) is used then."""
     import torch
     if path.exists():
         return "cached"
@@ -114,6 +117,8 @@ def export(built: Built, path: Path) -> str:
         with torch.no_grad():
             torch.onnx.export(built.module, built.args, str(tmp), dynamo=False, opset_version=17,
                               input_names=built.names)
+        if dtype == "fp16" and (islands := fp32_matmuls(tmp)):
+            raise RuntimeError(f"{islands} MatMul / Gemm nodes compute in fp32 in the fp16 export")
         os.replace(tmp, path)
         return "torchscript opset 17"
     except Exception as first:
@@ -123,9 +128,20 @@ def export(built: Built, path: Path) -> str:
                                             input_names=built.names, external_data=False)
             program.save(str(tmp))
             os.replace(tmp, path)
-            return "dynamo opset 18"
+            return f"dynamo opset 18 (torchscript: {one_line(first)[:120]})"
         except Exception as second:
             raise RuntimeError(f"torchscript exporter: {one_line(first)}; dynamo exporter: {one_line(second)}") from None
+
+
+def fp32_matmuls(path) -> int:
+    """How many MatMul / Gemm nodes of an ONNX file have an fp32 first input (shape inference)."""
+    import onnx
+    from onnx import shape_inference
+    m = shape_inference.infer_shapes(onnx.load(str(path)))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.input)}
+    types.update({i.name: i.data_type for i in m.graph.initializer})
+    return sum(1 for n in m.graph.node if n.op_type in ("MatMul", "Gemm") and n.input
+               and types.get(n.input[0]) == onnx.TensorProto.FLOAT)
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
