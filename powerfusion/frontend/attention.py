@@ -54,9 +54,9 @@ def read_through_reshapes(graph: BasicGraph) -> int:
     tensor before it). Run after frontend/gemm_bias.py, which can leave a fused QKV projection's
     reshape as the only op between the GEMM and the attention. Returns how many were read past."""
     count = 0
-    for att in list(graph.nodes):
-        if isinstance(att.op, Attention):
-            count += _past_reshapes(graph, att)
+    for name in [n.name for n in graph.nodes if isinstance(n.op, Attention)]:
+        while step := _past_reshapes(graph, next(n for n in graph.nodes if n.name == name)):
+            count += step   # a chain of Reshapes: one at a time
     return count
 
 

@@ -25,7 +25,7 @@ E = H * D
 TOL = 5e-3
 
 
-def _qkv_model(after: str = "attention"):
+def _qkv_model(after: str = "attention", reshapes: int = 1):
     """GPT-2's layer head: x [S, E] @ W [E, 3E] + b, split in three, heads split, causal
     attention, heads merged. after="sigmoid": the projection feeds a Sigmoid instead (no fold)."""
     rng = np.random.default_rng(7)
@@ -43,7 +43,10 @@ def _qkv_model(after: str = "attention"):
               nh.from_array(np.array(1 / np.sqrt(D), np.float16), "scale"),
               nh.from_array(np.array([S, E], np.int64), "merged"), nh.from_array(np.array([E] * 3, np.int64), "sizes"),
               nh.from_array(np.array([1, S, 3 * E], np.int64), "rows")]
-    nodes += [h.make_node("Reshape", ["qkv", "rows"], ["qkv3"]),   # GPT-2's view to [1, S, 3E]
+    if reshapes == 2:   # ViT's two views (unflatten, then unsqueeze)
+        inits.append(nh.from_array(np.array([S, 1, 3 * E], np.int64), "rows1"))
+        nodes.append(h.make_node("Reshape", ["qkv", "rows1"], ["qkv1"]))
+    nodes += [h.make_node("Reshape", ["qkv1" if reshapes == 2 else "qkv", "rows"], ["qkv3"]),   # GPT-2's view
               h.make_node("Split", ["qkv3", "sizes"], ["q0", "k0", "v0"], axis=2)]
     for n in "qkv":
         nodes += [h.make_node("Reshape", [f"{n}0", "heads"], [f"{n}1"]),
@@ -67,13 +70,14 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def test_qkv_bias_goes_into_the_gemm_and_the_split_into_the_attention():
-    graph = import_model(_qkv_model())
+@pytest.mark.parametrize("reshapes", [1, 2])
+def test_qkv_bias_goes_into_the_gemm_and_the_split_into_the_attention(reshapes):
+    graph = import_model(_qkv_model(reshapes=reshapes))
     want = run_basic_graph(graph, _feeds())["y"]
     fused = copy.deepcopy(graph)
     assert fuse_attention(fused) == 1
     assert fold_gemm_bias(fused, "cuda") == 1
-    assert read_through_reshapes(fused) == 3   # the [1, S, 3E] view the split read
+    assert read_through_reshapes(fused) == 3 * reshapes   # the views of [S, 3E] the split read
     mm, att = fused.nodes            # nothing memory-bound is left between them
     assert isinstance(mm.op, MatMul) and mm.op.bias and mm.inputs == ("x", "w", "b")
     assert isinstance(att.op, Attention) and att.inputs[:3] == (mm.outputs[0],) * 3
