@@ -58,6 +58,8 @@ class CompileOptions:
     # CUDA: a bias add that would be the only arithmetic of a kernel goes into the GEMM's
     # epilogue (frontend/gemm_bias.py)
     gemm_bias: bool = True
+    # CUDA: MatMuls of one activation by several constant weights become one (frontend/parallel_gemm.py)
+    merge_matmuls: bool = True
 
 
 class Observer:
@@ -137,6 +139,10 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
         from powerfusion.frontend.layout import to_channels_last
         with timer("layout"):
             to_channels_last(graph)
+    if options.merge_matmuls and get_target(target).backend == "cuda":
+        from powerfusion.frontend.parallel_gemm import merge_parallel_matmuls
+        with timer("parallel gemms"):
+            merge_parallel_matmuls(graph, target)
     if options.attention and get_target(target).backend == "cuda":
         from powerfusion.frontend.attention import fuse_attention
         with timer("attention"):

@@ -1,0 +1,152 @@
+"""Parallel GEMMs as one: a basic-graph rewrite that merges MatMuls reading the same activation
+with constant weights into one MatMul over the weights side by side, each original result a
+slice of the merged one.
+
+Why: a transformer layer multiplies one activation by several weights -- LLaMA's q, k and v
+projections (1024 -> 1024, 256, 256) and its gate and up projections (1024 -> 2816 twice),
+BERT's query, key and value. At batch 1 each product is a small GEMM that leaves most SMs idle
+and pays a launch of its own; side by side they are one GEMM with a wider N (one launch, a grid
+that fills the device, the activation read once). The slices are moves: the memory-bound kernels
+that read the results read them from the merged tensor, and the fused attention reads its
+operands through strides (frontend/attention.py), so no copy is made.
+
+Biases: where every member's only reader adds a constant vector over the last axis (BERT's
+Linear layers), the vectors are concatenated too and added to the merged result, so the bias add
+can still move into the GEMM (frontend/gemm_bias.py).
+
+Only for CUDA targets (pipeline/driver.py), only MatMuls the partition would make library calls,
+run before the attention matcher. Values: each output element is the same dot product as before.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from powerfusion.basic import BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Slice, TensorInfo
+from powerfusion.frontend.partition import is_library
+
+
+def merge_parallel_matmuls(graph: BasicGraph, target: str = "cuda") -> int:
+    """Rewrite `graph` in place; returns how many MatMuls were merged away (members less groups)."""
+    groups: dict[tuple, list[BasicNode]] = defaultdict(list)
+    for node in graph.nodes:
+        key = _group_key(graph, node, target)
+        if key is not None:
+            groups[key].append(node)
+    merged = 0
+    for members in groups.values():
+        if len(members) > 1:
+            _merge(graph, members)
+            merged += len(members) - 1
+    return merged
+
+
+def _group_key(graph: BasicGraph, node: BasicNode, target: str):
+    op = node.op
+    if not isinstance(op, MatMul) or op.trans_a or op.bias or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    w = graph.constants.get(b)
+    if w is None or np.ndim(w) != 2 or not is_library(graph, node, target):
+        return None
+    k = w.shape[1] if op.trans_b else w.shape[0]
+    return a, op.trans_b, int(k), np.dtype(w.dtype).name, np.dtype(graph.tensors[node.outputs[0]].dtype).name
+
+
+def _merge(graph: BasicGraph, members: list[BasicNode]) -> None:
+    trans_b = members[0].op.trans_b
+    axis = 0 if trans_b else 1
+    weights = [np.asarray(graph.constants[m.inputs[1]]) for m in members]
+    widths = [int(w.shape[axis]) for w in weights]
+    first = graph.tensors[members[0].outputs[0]]
+    lead, dtype = tuple(int(d) for d in first.shape[:-1]), first.dtype
+    names = _Names(graph, members[0].outputs[0])
+    w = names.constant("weights", np.ascontiguousarray(np.concatenate(weights, axis=axis)))
+    y = names.tensor("merged", lead + (sum(widths),), dtype)
+    new = [BasicNode(members[0].name, MatMul(trans_b=trans_b), (members[0].inputs[0], w), (y,), members[0].origin)]
+    biases = _bias_adds(graph, members)
+    if biases is not None:
+        vector = names.constant("bias", np.concatenate([v for _, v in biases]))
+        wide = names.tensor("bias_wide", lead + (sum(widths),), dtype)
+        summed = names.tensor("biased", lead + (sum(widths),), dtype)
+        new += [BasicNode(f"{members[0].name}_bias", Broadcast(lead + (sum(widths),)), (vector,), (wide,),
+                          members[0].origin),
+                BasicNode(f"{members[0].name}_add", Elementwise("add"), (y, wide), (summed,), members[0].origin)]
+        y = summed
+    outputs = [add.outputs[0] for add, _ in biases] if biases is not None else [m.outputs[0] for m in members]
+    offset = 0
+    for m, n, out in zip(members, widths, outputs):
+        starts = (0,) * len(lead) + (offset,)
+        stops = lead + (offset + n,)
+        new.append(BasicNode(f"{m.name}_part", Slice(starts, stops, (1,) * (len(lead) + 1)), (y,), (out,), m.origin))
+        offset += n
+    gone = {id(m) for m in members} | ({id(add) for add, _ in biases} if biases is not None else set())
+    if biases is not None:
+        for m in members:
+            graph.tensors.pop(m.outputs[0], None)
+    at = graph.nodes.index(members[0])
+    rest = [n for n in graph.nodes if id(n) not in gone]
+    at = sum(1 for n in graph.nodes[:at] if id(n) not in gone)
+    graph.nodes = rest[:at] + new + rest[at:]
+    _drop_unread_broadcasts(graph)
+
+
+def _bias_adds(graph: BasicGraph, members: list[BasicNode]):
+    """[(the add, its bias vector)] per member where each member's only reader adds a constant
+    vector over the last axis; None where any does not."""
+    consumers, producer = graph.consumers(), graph.producer()
+    outputs = {t.name for t in graph.outputs}
+    found = []
+    for m in members:
+        y = m.outputs[0]
+        users = consumers.get(y, [])
+        if y in outputs or len(users) != 1:
+            return None
+        add = users[0]
+        if not isinstance(add.op, Elementwise) or add.op.fn != "add" or len(add.inputs) != 2:
+            return None
+        other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        src = producer.get(other)
+        if src is not None and isinstance(src.op, Broadcast):
+            other = src.inputs[0]
+        c = graph.constants.get(other)
+        n = graph.tensors[y].shape[-1]
+        if c is None or np.ndim(c) == 0 or np.shape(c)[-1] != n or np.size(c) != n or \
+                np.dtype(c.dtype) != np.dtype(graph.tensors[y].dtype):
+            return None
+        found.append((add, np.asarray(c).reshape(n)))
+    return found
+
+
+def _drop_unread_broadcasts(graph: BasicGraph) -> None:
+    read = {t for n in graph.nodes for t in n.inputs} | {t.name for t in graph.outputs}
+    dead = [n for n in graph.nodes if isinstance(n.op, Broadcast) and not any(t in read for t in n.outputs)]
+    for n in dead:
+        for t in n.outputs:
+            graph.tensors.pop(t, None)
+    graph.nodes = [n for n in graph.nodes if all(n is not d for d in dead)]
+
+
+class _Names:
+    """Tensor names for one rewrite that no tensor or constant of the graph has."""
+
+    def __init__(self, graph: BasicGraph, base: str):
+        self.graph, self.base = graph, base
+
+    def _fresh(self, what: str) -> str:
+        name, k = f"{self.base}_{what}", 0
+        while name in self.graph.tensors or name in self.graph.constants:
+            k += 1
+            name = f"{self.base}_{what}_{k}"
+        return name
+
+    def tensor(self, what: str, shape, dtype) -> str:
+        name = self._fresh(what)
+        self.graph.tensors[name] = TensorInfo(name, tuple(shape), dtype)
+        return name
+
+    def constant(self, what: str, value: np.ndarray) -> str:
+        name = self.tensor(what, value.shape, value.dtype)
+        self.graph.constants[name] = value
+        return name

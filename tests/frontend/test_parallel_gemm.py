@@ -1,0 +1,114 @@
+"""frontend/parallel_gemm.py: MatMuls of one activation by constant weights become one MatMul
+and slices, with their bias adds merged too; the graph computes what it did.
+
+Tolerance: fp16, the same dot products accumulated in float32 and rounded once either way, the
+same bias adds: 1e-3 relative to the output's range (the reference interpreter may sum in another
+order for another matrix width); 5e-3 against onnxruntime, whose fp16 SiLU rounds in between."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+from powerfusion.basic import Elementwise, MatMul, Slice
+from powerfusion.frontend import import_model, run_basic_graph
+from powerfusion.frontend.parallel_gemm import merge_parallel_matmuls
+from powerfusion.pipeline.driver import CompileOptions, front
+
+S, K = 64, 64
+WIDTHS = (64, 16, 16)
+TOL = 1e-3
+
+
+def _model(bias: bool, swiglu: bool = False, dtype=np.float16):
+    """x [S, K] times three weights (q, k, v of grouped-query widths), each + bias where asked;
+    swiglu: two weights, silu(x W1) * (x W2) (LLaMA's MLP)."""
+    et = T.FLOAT16 if dtype == np.float16 else T.FLOAT
+    rng = np.random.default_rng(5)
+    widths = (48, 48) if swiglu else WIDTHS
+    inits, nodes, outs = [], [], []
+    for i, n in enumerate(widths):
+        inits.append(nh.from_array((rng.standard_normal((K, n)) / np.sqrt(K)).astype(dtype), f"w{i}"))
+        nodes.append(h.make_node("MatMul", ["x", f"w{i}"], [f"p{i}"]))
+        out = f"p{i}"
+        if bias:
+            inits.append(nh.from_array(rng.standard_normal(n).astype(dtype), f"b{i}"))
+            nodes.append(h.make_node("Add", [f"p{i}", f"b{i}"], [f"y{i}"]))
+            out = f"y{i}"
+        outs.append(out)
+    if swiglu:
+        nodes += [h.make_node("Sigmoid", [outs[0]], ["sg"]), h.make_node("Mul", [outs[0], "sg"], ["silu"]),
+                  h.make_node("Mul", ["silu", outs[1]], ["out"])]
+        outputs = [h.make_tensor_value_info("out", et, [S, widths[0]])]
+    else:
+        outputs = [h.make_tensor_value_info(o, et, [S, n]) for o, n in zip(outs, widths)]
+    g = h.make_graph(nodes, "parallel", [h.make_tensor_value_info("x", et, [S, K])], outputs, inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+
+
+def _feeds(dtype=np.float16):
+    return {"x": np.random.default_rng(6).standard_normal((S, K)).astype(dtype)}
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+@pytest.mark.parametrize("bias,swiglu", [(False, False), (True, False), (False, True)])
+def test_merged_gemm_computes_the_same(bias, swiglu):
+    graph = import_model(_model(bias, swiglu))
+    want = run_basic_graph(graph, _feeds())
+    merged = copy.deepcopy(graph)
+    assert merge_parallel_matmuls(merged, "cuda") == (1 if swiglu else 2)
+    mms = [n for n in merged.nodes if isinstance(n.op, MatMul)]
+    assert len(mms) == 1 and graph.constants  # one product over the weights side by side
+    assert mms[0].inputs[0] == "x" and merged.tensors[mms[0].outputs[0]].shape[-1] == (96 if swiglu else sum(WIDTHS))
+    assert sum(isinstance(n.op, Slice) for n in merged.nodes) == (2 if swiglu else 3)
+    adds = [n for n in merged.nodes if isinstance(n.op, Elementwise) and n.op.fn == "add"]
+    assert len(adds) == (1 if bias else 0)      # the biases concatenated into one add
+    got = run_basic_graph(merged, _feeds())
+    for name in want:
+        assert _rel(got[name], want[name]) < TOL, name
+
+
+def test_the_cuda_front_end_merges_and_folds_the_bias():
+    part = front(_model(bias=True), "cuda", CompileOptions())
+    (mm,) = [c.node for c in part.library_calls]
+    assert isinstance(mm.op, MatMul) and mm.op.bias          # merged, then the bias in its epilogue
+    off = front(_model(bias=True), "cuda", CompileOptions(merge_matmuls=False))
+    assert len(off.library_calls) == 3
+    cpu = front(_model(bias=True), "cpu", CompileOptions())
+    assert len(cpu.library_calls) == 3
+
+
+def test_different_activations_or_run_time_weights_are_not_merged():
+    graph = import_model(_model(bias=False))
+    first = next(n for n in graph.nodes if isinstance(n.op, MatMul))
+    graph.constants.pop(first.inputs[1])    # a weight computed at run time: not a constant
+    assert merge_parallel_matmuls(graph, "cuda") == 1   # the other two still merge
+
+
+def test_the_compiled_cuda_plan_matches_onnxruntime_on_the_interpreter():
+    ort = pytest.importorskip("onnxruntime")
+    from powerfusion.compiler import compile_model
+    from tests.reliability.plan_interpreter import run_plan
+    model = _model(bias=False, swiglu=True)
+    plan = compile_model(model, "cuda", codegen=False)
+    got = run_plan(plan, _feeds())["out"]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, _feeds())[0]
+    assert _rel(got, ref) < 5e-3   # fp16 SiLU in float32 vs onnxruntime's fp16 ops
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias,swiglu", [(True, False), (False, True)])
+def test_merged_gemm_on_cuda_matches_onnxruntime(bias, swiglu):
+    ort = pytest.importorskip("onnxruntime")
+    from powerfusion import InferenceSession
+    model = _model(bias, swiglu)
+    sess = InferenceSession(model.SerializeToString(), target="cuda", options={"cuda_graph": True})
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, _feeds())
+    for got, want in zip(sess.run(None, _feeds()), ref):
+        assert _rel(got, want) < 5e-3
