@@ -124,7 +124,7 @@ _KERNEL = r"""
 #define VEC (16 / (int)sizeof(ELEM))           // elements per 16-byte pack
 #define STEP (THREADS / LPR)                    // rows a block covers per step
 #define WARPS (THREADS / 32)
-#define HEADS_PACKS (HEAD / VEC)
+#define NEG_INF __int_as_float(0xff800000u)   // NVRTC has no <math.h> INFINITY
 
 union Pack { uint4 raw; ELEM e[VEC]; };
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
     // the chunk's max and sum of 2^(s - max) per query row; one warp per row
     for (int g = tid / 32; g < GROUP; g += WARPS) {
         const int lane = tid % 32;
-        float m = -INFINITY;
+        float m = NEG_INF;
         for (int r = lane; r < rows; r += 32) m = fmaxf(m, s_p[g][r]);
         #pragma unroll
         for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -280,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
     const float* hml = part + (size_t)gridDim.y * chunks * GROUP * HEAD + (size_t)head * chunks * GROUP * 2;
     for (int x = tid; x < GROUP * HEAD; x += THREADS) {
         const int g = x / HEAD;
-        float M = -INFINITY;
+        float M = NEG_INF;
         for (int c = 0; c < chunks; ++c) M = fmaxf(M, __ldcg(hml + (c * GROUP + g) * 2));
         float L = 0.f, o = 0.f;
         for (int c = 0; c < chunks; ++c) {
