@@ -11,6 +11,8 @@ session with CUDA-graph capture.
 """
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import math
 import shutil
 import sys
@@ -24,8 +26,14 @@ from powerfusion.basic import Attention
 from powerfusion.frontend import import_model, run_basic_graph
 from powerfusion.frontend.attention import fuse_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import gir_cases  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coop_emulator import build  # noqa: E402
+
+# the benchmark's cases, under their own name (tests/backends has a gir_cases module too)
+_spec = importlib.util.spec_from_file_location("bench_gir_cases",
+                                               Path(__file__).resolve().parents[2] / "benchmarks" / "gir_cases.py")
+gir_cases = sys.modules.setdefault("bench_gir_cases", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(gir_cases)
 
 TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
@@ -92,12 +100,17 @@ def test_fp32_attention_with_many_query_rows_is_not_fused():
     assert fuse_attention(graph) == 0
 
 
-@pytest.mark.parametrize("heads,group,t,d,want", [(48, 1, 1024, 64, 64), (48, 1, 32768, 64, 2048),
+@pytest.mark.parametrize("heads,group,t,d,want", [(48, 1, 1024, 64, 128), (48, 1, 4096, 64, 512),
+                                                   (48, 1, 32768, 64, 4096), (32, 4, 1024, 128, 128),
                                                    (32, 4, 32768, 128, 1024), (32, 8, 32768, 128, 256)])
 def test_chunk_rows_fill_one_wave_within_shared_memory(heads, group, t, d, want):
+    """One wave of resident blocks (4 per SM for one query row, 2 for GQA groups) unless the
+    scores would overflow shared memory."""
     shape = da.DecodeShape(heads, group, t, d, "float32", 0.1)
     rows = da.chunk_rows(shape, 132)
     assert rows == want
+    fits = math.ceil(t / rows) * heads <= da.resident_blocks(shape) * 132
+    assert fits or 2 * rows > da._max_chunk(shape)
     floats = group * rows + (da.THREADS // 32) * group * d + 2 * group + 1
     assert floats <= da.SHARED_FLOATS
 
@@ -109,6 +122,21 @@ def test_source_compiles_with_nvcc(dtype, group, d):
     from powerfusion.backends.cuda.runtime import compile_check_nvcc
     shape = da.DecodeShape(6, group, 5000, d, dtype, 0.125)
     compile_check_nvcc(da.decode_source(shape, da.chunk_rows(shape, 132)), arch="sm_90")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("group,d", [(1, 64), (1, 128), (2, 128), (4, 128), (8, 128), (8, 64)])
+def test_registers_fit_the_resident_blocks_without_spills(dtype, group, d, tmp_path):
+    """__launch_bounds__(THREADS, resident_blocks) caps the registers; ptxas must not spill."""
+    import subprocess
+    shape = da.DecodeShape(48, group, 32768, d, dtype, 0.125)
+    src = tmp_path / "k.cu"
+    src.write_text(da.decode_source(shape, da.chunk_rows(shape, 132)))
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-o",
+                           str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr, proc.stderr
 
 
 def _device_array(x, dtype):
@@ -166,3 +194,61 @@ def test_session_runs_the_decode_kernel_captured(gqa):
     heads = int(np.prod(feeds["k"].shape[:2]))
     want = reference(*(feeds[n].reshape(heads, -1, d) for n in "qkv"), 1 / math.sqrt(d))
     assert rel(got.reshape(want.shape), want) < TOL["float32"] and rel(again.reshape(want.shape), want) < TOL["float32"]
+
+
+def _host_operand(x, dtype):
+    """x as the kernel's operand type on the host (bf16 as bit patterns) and as float32 values."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+        b = np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+        return b.view(np.uint16).copy(), b.astype(np.float32)
+    a = np.asarray(x, np.float32).astype(dtype)
+    return a, a.astype(np.float32)
+
+
+def _emulated(shape: da.DecodeShape, sm_count: int, q, k, v, workdir, launches=2):
+    """The kernel's own source run on the CPU (coop_emulator.py), `launches` times."""
+    chunk = da.chunk_rows(shape, sm_count)
+    elem = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}[shape.dtype]
+    params = [(f"const {elem}*", True)] * 3 + [(f"{elem}*", True), ("float*", True), ("unsigned*", True),
+                                               ("int", False), ("float", False)]
+    launch = build(da.decode_source(shape, chunk), "pf_decode_attention", params, workdir)
+    chunks = math.ceil(shape.kv_len / chunk)
+    part = np.zeros(shape.heads * chunks * shape.group * (shape.head_size + 2), np.float32)
+    arrivals = np.zeros(shape.heads, np.uint32)
+    out = np.zeros_like(q)
+    outs = []
+    for _ in range(launches):
+        out[...] = 0
+        launch([q, k, v, out, part, arrivals, ctypes.c_int(shape.kv_len),
+                ctypes.c_float(shape.scale * math.log2(math.e))], (chunks, shape.heads), da.THREADS)
+        outs.append(out.copy())
+    return outs, arrivals, chunks
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("dtype,heads,group,t,d,sm_count", [
+    ("float32", 2, 1, 300, 64, 1),       # 2 chunks of 256 (2 tiles), the last partial; 4 threads per output
+    ("float32", 2, 4, 1500, 128, 1),     # chunks of 1024: 16 tiles of 64 rows
+    ("float32", 1, 8, 2000, 128, 1),     # G = 8: one shuffle-free row per warp step
+    ("float32", 2, 1, 100, 8, 1),        # a row is 2 packs: 8 threads per output in the combine
+    ("bfloat16", 3, 1, 700, 64, 2),
+    ("float16", 2, 2, 333, 32, 2)])
+def test_kernel_source_on_the_cpu_matches_float64(dtype, heads, group, t, d, sm_count, tmp_path):
+    """CPU numerics of the CUDA source itself: every block, the last-block combine and the
+    counter re-arm; tolerance as on the GPU (one rounding of the output for fp16 / bf16)."""
+    rng = np.random.default_rng(t)
+    (q, qf), (k, kf), (v, vf) = (_host_operand(rng.standard_normal(s), dtype)
+                                 for s in ((heads, group, d), (heads, t, d), (heads, t, d)))
+    shape = da.DecodeShape(heads, group, t, d, dtype, 1 / math.sqrt(d))
+    outs, arrivals, chunks = _emulated(shape, sm_count, q, k, v, tmp_path)
+    assert chunks > 1
+    want = reference(qf, kf, vf, shape.scale)
+    for out in outs:
+        got = _host_operand(out, dtype)[1] if dtype != "bfloat16" else _bf16_values(out)
+        assert rel(got, want) < TOL[dtype]
+    assert not arrivals.any()   # re-armed by each head's last block
+
+
+def _bf16_values(bits):
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32)

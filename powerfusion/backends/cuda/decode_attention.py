@@ -36,7 +36,6 @@ THREADS = 256
 MAX_GROUP = 8                  # query rows per KV head (LLaMA-style GQA groups are 4 or 8)
 SHARED_FLOATS = 12288          # 48 KiB of static shared memory: scores, per-warp sums, stats
 MIN_CHUNK = 64
-BLOCKS_PER_SM = 8              # THREADS x 8 = 2048 threads: one full wave
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +75,28 @@ def _moves_ones_only(shape, perm) -> bool:
     return [a for a in perm if shape[a] != 1] == sorted(a for a in perm if shape[a] != 1)
 
 
+def resident_blocks(shape: DecodeShape) -> int:
+    """Blocks of THREADS per SM the kernel is compiled for (__launch_bounds__): 4 (at most 64
+    registers a thread) where a thread's q, sums and one tile of packs take at most 56 of them,
+    else 2 (at most 128). Checked with ptxas -v for sm_90: no spills at fp32 / fp16 / bf16, head
+    sizes 8-128, G = 1, 2, 4, 8."""
+    lanes = lanes_per_row(shape)
+    packs = max(1, shape.head_size * _ITEMSIZE[shape.dtype] // 16) // lanes
+    floats = 2 * shape.group * packs * (16 // _ITEMSIZE[shape.dtype]) + 4 * _unroll(packs) * packs
+    return 4 if floats <= 56 else 2
+
+
+def _unroll(packs_per_thread: int) -> int:
+    """Row steps per tile: 8 packs (128 bytes) in flight per thread."""
+    return max(1, 8 // packs_per_thread)
+
+
 def chunk_rows(shape: DecodeShape, sm_count: int) -> int:
     """KV rows per block: the smallest power of two (>= MIN_CHUNK) that keeps the grid within
-    one wave of BLOCKS_PER_SM blocks per SM, so each block streams as long a chunk as the
-    parallelism allows (fewer partials to write and combine)."""
+    one wave of resident blocks, so that no partial second wave runs on part of the SMs, and
+    each block streams as long a chunk as the parallelism allows (fewer partials to combine)."""
     rows, cap = MIN_CHUNK, _max_chunk(shape)
-    while rows < cap and math.ceil(shape.kv_len / rows) * shape.heads > BLOCKS_PER_SM * sm_count:
+    while rows < cap and math.ceil(shape.kv_len / rows) * shape.heads > resident_blocks(shape) * sm_count:
         rows *= 2
     return rows
 
@@ -110,7 +125,7 @@ def decode_source(shape: DecodeShape, chunk: int) -> str:
     if shape.head_size * _ITEMSIZE[shape.dtype] < 16:
         raise ValueError(f"head size {shape.head_size} of {shape.dtype} is less than one 16-byte pack")
     consts = {"ELEM": _ELEM[shape.dtype], "HEAD": shape.head_size, "GROUP": shape.group, "CHUNK": chunk,
-              "THREADS": THREADS, "LPR": lanes, "PPT": packs // lanes, "UNROLL": max(1, 8 // (packs // lanes))}
+              "THREADS": THREADS, "RESIDENT": resident_blocks(shape), "LPR": lanes, "PPT": packs // lanes, "UNROLL": _unroll(packs // lanes)}
     head = "".join(f"#define {k} {v}\n" for k, v in consts.items())
     return _PRELUDE + head + _KERNEL
 
@@ -125,6 +140,8 @@ _KERNEL = r"""
 #define STEP (THREADS / LPR)                    // rows a block covers per step
 #define WARPS (THREADS / 32)
 #define NEG_INF __int_as_float(0xff800000u)   // NVRTC has no <math.h> INFINITY
+#define OUTS (GROUP * HEAD)                     // outputs per KV head
+#define SPLIT (OUTS >= THREADS ? 1 : (THREADS / OUTS < WARPS ? THREADS / OUTS : WARPS))
 
 union Pack { uint4 raw; ELEM e[VEC]; };
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -134,8 +151,29 @@ __device__ __forceinline__ void from_f(float x, float* y) { *y = x; }
 __device__ __forceinline__ void from_f(float x, __half* y) { *y = __float2half_rn(x); }
 __device__ __forceinline__ void from_f(float x, __nv_bfloat16* y) { *y = __float2bfloat16_rn(x); }
 
+// (m, l) <- the pair for the union of two sets: max, and sum of 2^(x - max)
+__device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2) {
+    const float big = fmaxf(m, m2);
+    if (big == NEG_INF) return;   // both empty
+    l = l * exp2f(m - big) + l2 * exp2f(m2 - big);
+    m = big;
+}
+
+// one tile (UNROLL steps of STEP rows) of a chunk's K or V rows; rows past the chunk read as 0
+__device__ __forceinline__ void load_tile(Pack (&t)[UNROLL][PPT], const ELEM* __restrict__ src, int base, int rows,
+                                          int sub, int col) {
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int r = base + u * STEP + sub;
+        #pragma unroll
+        for (int j = 0; j < PPT; ++j)
+            t[u][j].raw = r < rows ? __ldcs((const uint4*)(src + (size_t)r * HEAD + (col + j * LPR) * VEC))
+                                   : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // thread t reads packs (t % LPR) + j * LPR, j < PPT, of rows t / LPR + STEP * i
-extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
+extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attention(
     const ELEM* __restrict__ q, const ELEM* __restrict__ k, const ELEM* __restrict__ v,
     ELEM* __restrict__ y, float* __restrict__ part, unsigned int* __restrict__ arrivals,
     int T, float scale_log2)
@@ -147,8 +185,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
     const int chunk = blockIdx.x, head = blockIdx.y, chunks = gridDim.x;
     const int tid = threadIdx.x, col = tid % LPR, sub = tid / LPR;
     const int row0 = chunk * CHUNK, rows = min(CHUNK, T - row0);
-    const size_t kv0 = ((size_t)head * T + row0) * HEAD;
+    const ELEM* __restrict__ kc = k + ((size_t)head * T + row0) * HEAD;
+    const ELEM* __restrict__ vc = v + ((size_t)head * T + row0) * HEAD;
 
+    Pack kp[UNROLL][PPT];
+    load_tile(kp, kc, 0, rows, sub, col);   // in flight while q is read
     float qf[GROUP][PPT][VEC];
     #pragma unroll
     for (int g = 0; g < GROUP; ++g)
@@ -161,15 +202,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
 
     // pass 1: scores of the chunk (log2 domain) into shared memory; K read once
     for (int base = 0; base < rows; base += STEP * UNROLL) {
-        Pack kp[UNROLL][PPT];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int r = base + u * STEP + sub;
-            #pragma unroll
-            for (int j = 0; j < PPT; ++j)
-                kp[u][j].raw = r < rows ? __ldcs((const uint4*)(k + kv0 + (size_t)r * HEAD + (col + j * LPR) * VEC))
-                                        : make_uint4(0, 0, 0, 0);
-        }
+        if (base > 0) load_tile(kp, kc, base, rows, sub, col);
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int r = base + u * STEP + sub;
@@ -191,6 +224,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
                 for (int g = 0; g < GROUP; ++g) s_p[g][r] = d[g];
         }
     }
+    Pack vp[UNROLL][PPT];
+    load_tile(vp, vc, 0, rows, sub, col);   // in flight through the max and sum below
     __syncthreads();
 
     // the chunk's max and sum of 2^(s - max) per query row; one warp per row
@@ -217,15 +252,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
             #pragma unroll
             for (int i = 0; i < VEC; ++i) acc[g][j][i] = 0.f;
     for (int base = 0; base < rows; base += STEP * UNROLL) {
-        Pack vp[UNROLL][PPT];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int r = base + u * STEP + sub;
-            #pragma unroll
-            for (int j = 0; j < PPT; ++j)
-                vp[u][j].raw = r < rows ? __ldcs((const uint4*)(v + kv0 + (size_t)r * HEAD + (col + j * LPR) * VEC))
-                                        : make_uint4(0, 0, 0, 0);
-        }
+        if (base > 0) load_tile(vp, vc, base, rows, sub, col);
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int r = base + u * STEP + sub;
@@ -259,9 +286,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
     __syncthreads();
 
     // this chunk's partial (m, l, acc) per query row, float32; partials [heads][chunks][GROUP]
-    float* pacc = part + ((size_t)head * chunks + chunk) * GROUP * HEAD;
-    float* pml = part + (size_t)gridDim.y * chunks * GROUP * HEAD + ((size_t)head * chunks + chunk) * GROUP * 2;
-    for (int x = tid; x < GROUP * HEAD; x += THREADS) {
+    float* pacc = part + ((size_t)head * chunks + chunk) * OUTS;
+    float* pml = part + (size_t)gridDim.y * chunks * OUTS + ((size_t)head * chunks + chunk) * GROUP * 2;
+    for (int x = tid; x < OUTS; x += THREADS) {
         float s = 0.f;
         #pragma unroll
         for (int w = 0; w < WARPS; ++w) s += s_acc[w][x / HEAD][x % HEAD];
@@ -275,20 +302,52 @@ extern "C" __global__ void __launch_bounds__(THREADS) pf_decode_attention(
     if (!s_last) return;
     __threadfence();
 
-    // the last block of this head combines every chunk's partial (read through L2)
-    const float* hacc = part + (size_t)head * chunks * GROUP * HEAD;
-    const float* hml = part + (size_t)gridDim.y * chunks * GROUP * HEAD + (size_t)head * chunks * GROUP * 2;
-    for (int x = tid; x < GROUP * HEAD; x += THREADS) {
-        const int g = x / HEAD;
-        float M = NEG_INF;
-        for (int c = 0; c < chunks; ++c) M = fmaxf(M, __ldcg(hml + (c * GROUP + g) * 2));
-        float L = 0.f, o = 0.f;
-        for (int c = 0; c < chunks; ++c) {
-            const float w = exp2f(__ldcg(hml + (c * GROUP + g) * 2) - M);
-            L = fmaf(w, __ldcg(hml + (c * GROUP + g) * 2 + 1), L);
-            o = fmaf(w, __ldcg(hacc + (size_t)c * GROUP * HEAD + x), o);
+    // the last block of this head combines the chunks (read through L2): (M, L) per query row
+    // by a block-wide merge of the (m_c, l_c), then y = sum_c acc_c 2^(m_c - M) / L with SPLIT
+    // threads per output, so that only a few L2 round trips are in series
+    const float* hacc = part + (size_t)head * chunks * OUTS;
+    const float* hml = part + (size_t)gridDim.y * chunks * OUTS + (size_t)head * chunks * GROUP * 2;
+    float cm[GROUP], cl[GROUP];
+    #pragma unroll
+    for (int g = 0; g < GROUP; ++g) { cm[g] = NEG_INF; cl[g] = 0.f; }
+    for (int c = tid; c < chunks; c += THREADS)
+        #pragma unroll
+        for (int g = 0; g < GROUP; ++g)
+            merge_ml(cm[g], cl[g], __ldcg(hml + (c * GROUP + g) * 2), __ldcg(hml + (c * GROUP + g) * 2 + 1));
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        #pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, cm[g], off), l2 = __shfl_xor_sync(0xffffffffu, cl[g], off);
+            merge_ml(cm[g], cl[g], m2, l2);
         }
-        from_f(o / L, y + (size_t)head * GROUP * HEAD + x);
+    if (tid % 32 == 0)
+        #pragma unroll
+        for (int g = 0; g < GROUP; ++g) { s_p[g][tid / 32] = cm[g]; s_p[g][WARPS + tid / 32] = cl[g]; }
+    __syncthreads();
+    if (tid < GROUP) {
+        float m = NEG_INF, l = 0.f;
+        for (int w = 0; w < WARPS; ++w) merge_ml(m, l, s_p[tid][w], s_p[tid][WARPS + w]);
+        s_m[tid] = m;
+        s_l[tid] = l;
+    }
+    __syncthreads();
+    float* s_split = &s_acc[0][0][0];   // SPLIT x OUTS partial sums (SPLIT <= WARPS)
+    for (int x0 = tid; x0 < OUTS * SPLIT; x0 += THREADS) {
+        const int x = x0 % OUTS, first = x0 / OUTS, g = x / HEAD;
+        const float big = s_m[g];
+        float o = 0.f;
+        #pragma unroll 4
+        for (int c = first; c < chunks; c += SPLIT)
+            o = fmaf(exp2f(__ldcg(hml + (c * GROUP + g) * 2) - big), __ldcg(hacc + (size_t)c * OUTS + x), o);
+        s_split[first * OUTS + x] = o;
+    }
+    __syncthreads();
+    for (int x = tid; x < OUTS; x += THREADS) {
+        float o = 0.f;
+        #pragma unroll
+        for (int s = 0; s < SPLIT; ++s) o += s_split[s * OUTS + x];
+        from_f(o / s_l[x / HEAD], y + (size_t)head * OUTS + x);
     }
     if (tid == 0) arrivals[head] = 0u;   // re-armed for the next launch
 }
