@@ -252,3 +252,35 @@ def test_kernel_source_on_the_cpu_matches_float64(dtype, heads, group, t, d, sm_
 
 def _bf16_values(bits):
     return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+
+
+@pytest.fixture(scope="module")
+def decode_folder(tmp_path_factory):
+    """The GQA decode row compiled for CUDA into a folder (powerfusion/artefact.py)."""
+    from powerfusion.cli import main
+    root = tmp_path_factory.mktemp("decode")
+    case = gir_cases.decode_attention_gqa("t", 2, 32, 8, 1000)
+    (root / "decode.onnx").write_bytes(case.model.SerializeToString())
+    assert main(["-q", "compile", str(root / "decode.onnx"), "-o", str(root / "out"), "--target", "cuda"]) == 0
+    return case, root / "out"
+
+
+def test_compiled_folder_holds_one_attention_step(decode_folder):
+    import json
+    _, out = decode_folder
+    steps = json.loads((out / "plan.json").read_text())["steps"]
+    assert [(s["kind"], s.get("op")) for s in steps] == [("library", "attention")]
+
+
+@pytest.mark.gpu
+def test_compiled_folder_runs_the_decode_kernel(decode_folder):
+    import powerfusion
+    case, out = decode_folder
+    rng = np.random.default_rng(9)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, (s, _) in case.inputs.items()}
+    sess = powerfusion.InferenceSession(str(out), providers=["CUDAExecutionProvider"])
+    got = sess.run(None, feeds)[0]
+    want = reference(*(feeds[n].reshape(16, -1, 128) for n in "qkv"), 1 / math.sqrt(128))
+    assert rel(got.reshape(want.shape), want) < TOL["float32"]
+    runner = sess._executor
+    assert any(step[0] == "library" and step[3] is not None for step in runner.steps)
