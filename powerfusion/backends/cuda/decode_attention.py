@@ -373,13 +373,23 @@ class DecodeAttention:
         self.arrivals = cupy.zeros(shape.heads, np.uint32)
         self.scale_log2 = np.float32(shape.scale * math.log2(math.e))
 
-    def __call__(self, q, k, v, out) -> None:
+    def misfit(self, q, k, v, out) -> str:
+        """"" where the arrays suit the kernel (contiguous, 16-byte aligned, of the planned sizes),
+        else what does not (the session's arena aligns every tensor to 256 bytes; arrays bound by
+        a caller may not be)."""
         s = self.shape
         for name, x, n in (("q", q, s.heads * s.group), ("k", k, s.heads * s.kv_len),
                            ("v", v, s.heads * s.kv_len), ("output", out, s.heads * s.group)):
             if x.size != n * s.head_size or x.data.ptr % 16 or not x.flags.c_contiguous:
-                raise ValueError(f"decode attention: {name} must be a contiguous, 16-byte aligned array of "
-                                 f"{n * s.head_size} elements, got shape {x.shape}")
+                return (f"decode attention: {name} must be a contiguous, 16-byte aligned array of "
+                        f"{n * s.head_size} elements, got shape {x.shape}")
+        return ""
+
+    def __call__(self, q, k, v, out) -> None:
+        s = self.shape
+        why = self.misfit(q, k, v, out)
+        if why:
+            raise ValueError(why)
         self.kernel.launch((self.chunks, s.heads), (THREADS,),
                            (q, k, v, out, self.part, self.arrivals, np.int32(s.kv_len), self.scale_log2))
 
