@@ -27,7 +27,7 @@ from powerfusion.frontend import import_model, run_basic_graph
 from powerfusion.frontend.attention import fuse_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coop_emulator import build  # noqa: E402
+from coop_emulator import build
 
 # the benchmark's cases, under their own name (tests/backends has a gir_cases module too)
 _spec = importlib.util.spec_from_file_location("bench_gir_cases",
@@ -134,7 +134,7 @@ def test_registers_fit_the_resident_blocks_without_spills(dtype, group, d, tmp_p
     src = tmp_path / "k.cu"
     src.write_text(da.decode_source(shape, da.chunk_rows(shape, 132)))
     proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-o",
-                           str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True)
+                           str(tmp_path / "k.cubin"), str(src)], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr, proc.stderr
 
