@@ -24,7 +24,7 @@ float32; the probabilities are not rounded to the operands' type before the seco
 (basic.Attention's decomposed form rounds them), which is at least as accurate.
 `split_kv_reference` is the same algorithm in numpy, for tests without a GPU.
 
-Measured on the H200 at fb46674 (benchmarks/results/gir-decode.md; docs/cuda-attention.md): 0.90-1.03 of
+Measured on the H200 at 816dcfe (benchmarks/results/gir-decode.md; docs/cuda-attention.md): 0.90-1.03 of
 the copy-bandwidth floor at KV 16K-32K in fp32, 0.40-0.82 at 1K-4K, where latency dominates.
 """
 from __future__ import annotations
