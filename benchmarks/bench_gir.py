@@ -5,6 +5,7 @@ benchmarks). Suites:
              ViT, ShuffleNet, EfficientNet, SAR-DRN, RedNet at realistic sizes (gir_cases.py)
   heldout    subgraphs at shapes of models the search was not tuned on (ShuffleNetV2, GPT-2 medium,
              BERT-large, LLaMA-7B decode, EfficientNet-B0, TinyLlama); batch 1 and 8, fp32 and bf16
+  decode     decode attention, KV 1K-32K: GPT-2 MHA and LLaMA-style GQA (32 over 8 KV heads), fp32, bf16
   dwconv     depthwise convs: ConvNeXt-T 7x7 at its four stages (fp32, fp16), EfficientNet-B0
              3x3 + BN + SiLU (batch 1, 8, 32); bench_stencil.py adds the per-template rows
   models     whole committed small models (latency-bound; reported, not part of the geomeans)
@@ -55,24 +56,33 @@ class Ours:
             raise RuntimeError("not compiled in the precompile step (see compile.json)")
         self.plan = self.plan or compile_model(case.model, "cuda")
         self.compile_s = sum(self.plan.timings.values())
-        if self.plan.library_steps or len(self.plan.kernel_steps) != 1:
-            raise RuntimeError(f"expected one memory-bound subgraph, got {len(self.plan.kernel_steps)} "
-                               f"and {len(self.plan.library_steps)} library call(s)")
-        self.step = self.plan.kernel_steps[0]
-        t0 = time.perf_counter()
-        self.ex = GIRExecutor(self.step.gir)
-        self.load_s = time.perf_counter() - t0
-        self.tensor_of = self.step.buffers
         self.input_names = list(case.inputs)
         self.output_names = [o.name for o in case.model.graph.output]
         self.out_shapes = {o.name: tuple(d.dim_value for d in o.type.tensor_type.shape.dim)
                            for o in case.model.graph.output}
         self.dtype = case.dtype
+        t0 = time.perf_counter()
+        self.decode = _decode_runner(self.plan)
+        if self.decode is not None:   # a decode attention: our split-KV kernel, one library step
+            self.load_s, self.kernels = time.perf_counter() - t0, self.decode.kernels
+            return
+        if self.plan.library_steps or len(self.plan.kernel_steps) != 1:
+            raise RuntimeError(f"expected one memory-bound subgraph, got {len(self.plan.kernel_steps)} "
+                               f"and {len(self.plan.library_steps)} library call(s)")
+        self.step = self.plan.kernel_steps[0]
+        self.ex = GIRExecutor(self.step.gir)
+        self.load_s = time.perf_counter() - t0
+        self.tensor_of = self.step.buffers
         self.kernels = len(self.step.gir.kernels())
 
     def __call__(self, *inputs):
         import cupy
         import torch
+        if self.decode is not None:
+            out = torch.empty(self.out_shapes[self.output_names[0]], device="cuda", dtype=getattr(torch, self.dtype))
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                self.decode(*(_as_cupy(t) for t in inputs), _as_cupy(out))
+            return out
         env = dict(zip(self.input_names, inputs))
         outs = [torch.empty(self.out_shapes[n], device="cuda", dtype=getattr(torch, self.dtype))
                 for n in self.output_names]
@@ -84,6 +94,20 @@ class Ours:
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         self.ex(arrays, stream=stream)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _decode_runner(plan):
+    """The split-KV kernel (backends/cuda/decode_attention.py) where the plan is one decode
+    attention library step and nothing else, else None."""
+    from powerfusion.backends.cuda.decode_attention import plan_decode
+    from powerfusion.basic import Attention
+    steps = plan.library_steps
+    if plan.kernel_steps or len(steps) != 1 or not isinstance(steps[0].call.node.op, Attention):
+        return None
+    routes, why = plan_decode(plan.graph, [steps[0].call.node])
+    if not routes:
+        raise RuntimeError(f"decode attention not taken by the split-KV kernel: {why}")
+    return next(iter(routes.values()))
 
 
 def _as_cupy(t):

@@ -202,6 +202,42 @@ def decode_attention(suite, b, h, t, d=64, dtype="float32"):
                      fn, 2 * _nbytes((b, h, t, d), dtype) + 2 * _nbytes((b, h, d), dtype))
 
 
+def decode_attention_gqa(suite, b, h, hkv, t, d=128, dtype="float32"):
+    """A LLaMA-style decode step with grouped-query attention: h query heads, hkv KV heads, each
+    KV head read by g = h / hkv query heads. The query is stored grouped by KV head,
+    [b, hkv, g, d] (the same memory as [b, h, 1, d]), so each group is one [g, t] product against
+    its KV head, as grouped-query decode kernels compute it (no repeat of K and V)."""
+    import torch
+    g_ = G(dtype)
+    grp = h // hkv
+    q, k, v = g_.inp("q", (b, hkv, grp, d)), g_.inp("k", (b, hkv, t, d)), g_.inp("v", (b, hkv, t, d))
+    y = g_.out("y", (b, 1, h * d))
+    sc = g_.op("Mul", [g_.op("MatMul", [q, g_.op("Transpose", [k], perm=[0, 1, 3, 2])]),
+                       g_.const(np.array(1 / math.sqrt(d), np.float32))])
+    o = g_.op("MatMul", [g_.op("Softmax", [sc], axis=-1), v])
+    g_.op("Reshape", [o, g_.const(np.array([b, 1, h * d], np.int64))], y)
+
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
+        return (p @ v).reshape(b, 1, h * d)
+    return BenchCase(suite, f"decode_attention_gqa_b{b}_h{h}_kv{hkv}_t{t}", dtype, g_.model("decode_attn_gqa"),
+                     {"q": ((b, hkv, grp, d), "normal"), "k": ((b, hkv, t, d), "normal"),
+                      "v": ((b, hkv, t, d), "normal")},
+                     fn, 2 * _nbytes((b, hkv, t, d), dtype) + 2 * _nbytes((b, h, d), dtype))
+
+
+def decode_cases(kv_lens=(1024, 4096, 16384, 32768), dtypes=("float32", "bfloat16")):
+    """Decode attention over a KV cache of 1K-32K: GPT-2 (MHA, 12 heads of 64, batch 4; the
+    subgraph suite's rows) and LLaMA-style GQA (32 query heads over 8 KV heads of 128, batch 4);
+    fp32 rows first."""
+    s = "decode"
+    out = []
+    for dt in dtypes:
+        out += [decode_attention(s + "/gpt2", 4, 12, t, dtype=dt) for t in kv_lens]
+        out += [decode_attention_gqa(s + "/llama", 4, 32, 8, t, dtype=dt) for t in kv_lens]
+    return out
+
+
 def channel_shuffle(suite, n, c, hw, dtype="float32"):
     import torch
     g = G(dtype)
@@ -391,7 +427,8 @@ def dwconv_cases():
     return out + [dwconv_bn_silu(s + "/efficientnet", 32, 144, 56)]
 
 
-SUITES = {"norms": norm_cases, "subgraphs": subgraph_cases, "heldout": heldout_cases, "dwconv": dwconv_cases}
+SUITES = {"norms": norm_cases, "subgraphs": subgraph_cases, "heldout": heldout_cases, "dwconv": dwconv_cases,
+          "decode": decode_cases}
 
 
 def cases_for(suites) -> list[BenchCase]:

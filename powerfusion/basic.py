@@ -167,7 +167,9 @@ class Attention:
     V [..., Skv, Dv] with equal leading dims, bias broadcasting to [..., Sq, Skv]; the products and
     the softmax in float32, the probabilities rounded to Q's type before the second product (as
     in the decomposed graph it replaces). Always a library call. Made only by
-    frontend/attention.py, for fp16 / bf16 graphs on CUDA, where cuDNN runs it fused.
+    frontend/attention.py, on CUDA: fp16 / bf16 graphs, where cuDNN runs it fused, and decode
+    steps (at most 8 query rows, also float32), which the split-KV kernel runs
+    (backends/cuda/decode_attention.py; the probabilities stay float32 there).
     nan_to_zero: probabilities that are NaN (a row whose scores are all -inf) become 0, as the
     exporters' guard where(isnan(p), 0, p) has them. out_perm: the output is the result
     transposed by it (rank 4, the head size staying last: heads merged back, [B, S, H, Dv]),

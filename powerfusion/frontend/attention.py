@@ -20,9 +20,13 @@ What is matched (the importer's own decomposition, frontend/ops_nn.py):
     Y  = MatMul(P'', V)
 
 Only where every intermediate is used inside the pattern alone (no other consumer, not a graph
-output), the operands are fp16 / bf16 with equal leading dims, and the head size suits cuDNN
-(a multiple of 8, at most 128). Only run for CUDA targets (pipeline/driver.py); the CUDA session
-runs the op through cuDNN and, where cuDNN does not take it, through cuBLAS + CuPy.
+output), the operands have equal leading dims, and either they are fp16 / bf16 and the head
+size suits cuDNN (a multiple of 8, at most 128), or they are float32 with at most
+MAX_DECODE_ROWS query rows, no bias and a power-of-two head size up to 128: a decode step
+(one token; or the G query heads of grouped-query attention that share one KV head, Q stored
+[B, Hkv, G, D]), which the split-KV kernel runs (backends/cuda/decode_attention.py). Only run
+for CUDA targets (pipeline/driver.py); the CUDA session runs decode shapes through that
+kernel, the rest through cuDNN and, where neither takes it, through cuBLAS + CuPy.
 """
 from __future__ import annotations
 
@@ -35,6 +39,10 @@ from powerfusion.basic import (Attention, BasicGraph, BasicNode, Broadcast, Elem
 
 LOW_PRECISION = ("float16", "bfloat16")
 MAX_HEAD = 128
+# float32 attentions are fused only where the split-KV decode kernel runs them: at most this
+# many query rows (one token, or the G query heads that share a KV head), these head sizes
+MAX_DECODE_ROWS = 8
+DECODE_HEADS = (8, 16, 32, 64, 128)
 
 
 def fuse_attention(graph: BasicGraph) -> int:
@@ -151,11 +159,12 @@ class _Match:
         if x is None:
             return None
         n = self.node(x, Elementwise, uses=2)   # the softmax's upcast, read by max and sub
+        uses = 2                                 # x's readers: the softmax's max and sub
         if n is not None and n.op.fn == "cast":
-            x = self.take(n).inputs[0]
+            x, uses = self.take(n).inputs[0], 1
         base = list(self.chain)
-        for bias, scores, taken in self._bias_options(x):
-            scale, scores, scaled = self._scale(scores)
+        for bias, scores, taken in self._bias_options(x, uses):
+            scale, scores, scaled = self._scale(scores, uses if not taken else 1)
             qk = self.node(scores, MatMul)
             if qk is None or qk.op.trans_a or not qk.op.trans_b:
                 continue
@@ -212,10 +221,11 @@ class _Match:
             self.take(n)
         return x
 
-    def _bias_options(self, x: str):
-        """(bias or None, the scores' tensor, the nodes the bias add takes) for each reading of x:
-        scores + bias with either operand as the scores, and x as the scores itself."""
-        n = self.node(x, Elementwise)
+    def _bias_options(self, x: str, uses: int = 1):
+        """(bias or None, the scores' tensor, the nodes the bias add takes) for each reading of x
+        (read `uses` times inside the pattern): scores + bias with either operand as the scores,
+        and x as the scores itself."""
+        n = self.node(x, Elementwise, uses=uses)
         if n is not None and n.op.fn == "add":
             for scores, b in (n.inputs, n.inputs[::-1]):
                 bn = self.node(b, Broadcast)
@@ -224,9 +234,10 @@ class _Match:
                     yield bias, scores, [n] + ([bn] if bn is not None else [])
         yield None, x, []
 
-    def _scale(self, x: str) -> tuple[float, str, list]:
-        """(scale, the unscaled scores, the nodes taken): x = s * c or s / c, c a scalar constant."""
-        n = self.node(x, Elementwise)
+    def _scale(self, x: str, uses: int = 1) -> tuple[float, str, list]:
+        """(scale, the unscaled scores, the nodes taken): x = s * c or s / c, c a scalar constant
+        (x read `uses` times inside the pattern: twice where an fp32 softmax reads it directly)."""
+        n = self.node(x, Elementwise, uses=uses)
         if n is None or n.op.fn not in ("mul", "div"):
             return 1.0, x, []
         for s, c in ((n.inputs, n.inputs[::-1]) if n.op.fn == "mul" else (n.inputs,)):
@@ -255,9 +266,12 @@ class _Match:
         if sk[-1] != sq[-1] or sv[-2] != sk[-2]:
             return False
         dtypes = {np.dtype(t[n].dtype).name for n in (q, k, v, y)}
-        if len(dtypes) != 1 or dtypes.pop() not in LOW_PRECISION:
-            return False
-        return all(d % 8 == 0 and d <= MAX_HEAD for d in (sq[-1], sv[-1]))
+        dtype = dtypes.pop() if len(dtypes) == 1 else None
+        if dtype in LOW_PRECISION:
+            return all(d % 8 == 0 and d <= MAX_HEAD for d in (sq[-1], sv[-1]))
+        # float32: only the decode kernel's shapes (backends/cuda/decode_attention.py)
+        return dtype == "float32" and bias is None and not self.nan_to_zero and sq[-2] <= MAX_DECODE_ROWS \
+            and sk == sv and sq[-1] in DECODE_HEADS
 
 
 def _last_axis(op: Reduce, rank: int) -> bool:
@@ -266,8 +280,10 @@ def _last_axis(op: Reduce, rank: int) -> bool:
 
 def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero, chain) -> None:
     stored, in_perms, in_views = [], [], []
+    # float32 (decode) operands are read as they are: the decode kernel reads no transposes or views
+    split = np.dtype(graph.tensors[q].dtype).name != "float32"
     for t, scaled in ((q, True), (k, True), (v, False)):
-        t, perm, view, factor, taken = _head_split(graph, t, scaled)
+        t, perm, view, factor, taken = _head_split(graph, t, scaled) if split else (t, (), (), 1.0, [])
         stored.append(t)
         in_perms.append(perm)
         in_views.append(view)
@@ -276,11 +292,12 @@ def _replace(graph: BasicGraph, pv: BasicNode, q, k, v, bias, scale, nan_to_zero
     inputs = tuple(stored) + ((bias,) if bias is not None else ())
     outputs, perm, shape = pv.outputs, (), ()
     merge = _head_merge(graph, pv)
-    if merge:   # the head merge (a transpose, then a reshape of it) is written by the op itself
+    if merge:   # the head merge (a transpose and / or reshapes of it) is written by the op itself
         chain = chain + merge
-        outputs, perm = merge[-1].outputs, tuple(merge[0].op.perm)
-        if len(merge) > 1:
-            shape = tuple(merge[1].op.shape)
+        outputs = merge[-1].outputs
+        perm = tuple(merge[0].op.perm) if isinstance(merge[0].op, Transpose) else ()
+        if isinstance(merge[-1].op, Reshape):
+            shape = tuple(merge[-1].op.shape)
     op = Attention(float(scale), nan_to_zero, perm, shape, tuple(in_perms) if any(in_perms) else (),
                    tuple(in_views) if any(in_views) else ())
     fused = BasicNode(pv.name, op, inputs, outputs, pv.origin)
@@ -436,8 +453,8 @@ def _drops_leading_ones(graph: BasicGraph, r: BasicNode) -> bool:
 
 def _head_merge(graph: BasicGraph, pv: BasicNode) -> list[BasicNode]:
     """[the Transpose that alone reads the attention's rank-4 result keeping the head size last
-    (heads merged back: [B, H, S, D] -> [B, S, H, D]), the Reshape that alone reads that, if
-    any], or []: both only relabel what the op can write directly."""
+    (heads merged back: [B, H, S, D] -> [B, S, H, D]), if any, then the chain of Reshapes that
+    each alone read the one before], or []: all only relabel what the op can write directly."""
     consumers, outputs = graph.consumers(), {t.name for t in graph.outputs}
 
     def only_user(t, kind):
@@ -447,7 +464,11 @@ def _head_merge(graph: BasicGraph, pv: BasicNode) -> list[BasicNode]:
         return users[0]
     y = pv.outputs[0]
     t = only_user(y, Transpose) if len(graph.tensors[y].shape) == 4 else None
-    if t is None or t.op.perm[-1] != 3:
+    if t is not None and t.op.perm[-1] != 3:
         return []
-    r = only_user(t.outputs[0], Reshape)
-    return [t] + ([r] if r is not None else [])
+    taken = [t] if t is not None else []
+    # reshapes after it (or of the result itself: the importer writes a transpose that only
+    # moves an extent-1 axis, as a decode step's head merge does, as a reshape)
+    while (r := only_user(taken[-1].outputs[0] if taken else y, Reshape)) is not None:
+        taken.append(r)
+    return taken

@@ -57,8 +57,13 @@ def test_kernel_grids_cover_exactly_the_guarded_units():
 
 
 @pytest.mark.gpu
-def test_decode_attention_with_per_kernel_grids_matches_numpy():
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_attention_with_per_kernel_grids_matches_numpy(fused, monkeypatch):
+    """The GIR plan (attention fusion switched off), and the split-KV kernel it is fused into
+    on CUDA (backends/cuda/decode_attention.py)."""
     from powerfusion import InferenceSession
+    if not fused:
+        monkeypatch.setattr("powerfusion.frontend.attention.fuse_attention", lambda graph: 0)
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((B, H, 1, D), (B, H, T, D), (B, H, T, D)))
     sess = InferenceSession(_attention(), target="cuda")
@@ -72,13 +77,13 @@ def test_decode_attention_with_per_kernel_grids_matches_numpy():
 
 
 def test_transpose_of_k_folds_into_the_matmul_and_the_scale_stays_in_registers():
-    """k^T is read through MatMul(trans_b) (no Transpose node), and the scalar scale's
-    broadcast is placed after the q.K^T kernel's sync, next to its Mul, so no kernel writes it
-    to global memory."""
-    from powerfusion.compiler import compile_model
+    """In the GIR plan (CUDA with attention fusion off, as other targets get it), k^T is read
+    through MatMul(trans_b) (no Transpose node), and the scalar scale's broadcast is placed
+    after the q.K^T kernel's sync, next to its Mul, so no kernel writes it to global memory."""
     from powerfusion import basic as B
     from powerfusion.gir.ir import Level
-    plan = compile_model(_attention(), "cuda")
+    from powerfusion.pipeline.driver import CompileOptions, compile
+    plan = compile(_attention(), "cuda", CompileOptions(attention=False))
     nodes = plan.graph.nodes
     assert not any(isinstance(n.op, B.Transpose) for n in nodes)
     assert [n.op.trans_b for n in nodes if isinstance(n.op, B.MatMul)] == [True, False]

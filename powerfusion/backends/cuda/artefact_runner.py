@@ -36,7 +36,7 @@ class ArtefactRunner:
             else:
                 attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in step["attributes"].items()}
                 op = {"matmul": MatMul, "conv": Conv, "attention": Attention}[step["op"]](**attrs)
-                self.steps.append(("library", op, step))
+                self.steps.append(("library", op, step, _decode_route(self.graph, op, step, device_id)))
 
     def __call__(self, feeds: dict) -> dict:
         from powerfusion.backends.cuda.session import _to_host
@@ -75,8 +75,11 @@ class ArtefactRunner:
             return
         from powerfusion.backends.cuda import library
         from powerfusion.basic import Attention, MatMul, attention_operands
-        _, op, s = step
+        _, op, s, decode = step
         ins = [self.constants[t] if t in self.constants else self.tensors[t] for t in s["inputs"]]
+        if decode is not None:   # a decode step: the split-KV kernel writes the output itself
+            decode(ins[0], ins[1], ins[2], self.tensors[s["outputs"][0]])
+            return
         bf16 = self.artefact.plan["tensors"][s["inputs"][0]]["dtype"] == "bfloat16"
         logical = "bfloat16" if bf16 else None
         if isinstance(op, MatMul):
@@ -162,3 +165,16 @@ def make_artefact_executor(artefact, options):
     device_id = int(getattr(options, "device_id", 0))
     with cupy.cuda.Device(device_id):
         return ArtefactRunner(artefact, device_id)
+
+
+def _decode_route(graph, op, step: dict, device_id: int):
+    """The split-KV kernel (decode_attention.py) for an Attention step of decode shape, else None."""
+    from types import SimpleNamespace
+
+    from powerfusion.backends.cuda import decode_attention
+    from powerfusion.basic import Attention
+    if not isinstance(op, Attention):
+        return None
+    node = SimpleNamespace(name=step["node"], op=op, inputs=tuple(step["inputs"]))
+    routes, _ = decode_attention.plan_decode(graph, [node], device_id)
+    return routes.get(node.name)

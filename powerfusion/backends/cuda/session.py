@@ -70,11 +70,15 @@ class CudaPlanRunner:
         self._plan_attention(cupy)
 
     def _plan_attention(self, cupy) -> None:
-        """Each Attention step's route, chosen once here: a cuDNN graph (cudnn_attention.py), all
-        sharing one workspace allocated now, or the cuBLAS + CuPy stand-in with the reason in
-        `fallbacks`."""
-        from powerfusion.backends.cuda import cudnn_attention
+        """Each Attention step's route, chosen once here: the split-KV kernel for decode shapes
+        (decode_attention.py; the stand-in for a call whose arrays it does not suit), a cuDNN
+        graph (cudnn_attention.py), all sharing one workspace allocated now, or the cuBLAS + CuPy
+        stand-in with the reason in `fallbacks`."""
+        from powerfusion.backends.cuda import cudnn_attention, decode_attention
         nodes = [s.call.node for s in self.plan.library_steps if isinstance(s.call.node.op, Attention)]
+        # decode shapes (a few query rows) through our split-KV kernel, the rest through cuDNN
+        self.decodes, _ = decode_attention.plan_decode(self.graph, nodes, self.device_id)
+        nodes = [n for n in nodes if n.name not in self.decodes]
         self.attentions, why = cudnn_attention.plan_attention(self.graph, nodes, self.device_id)
         self.fallbacks.update(why)
         need = max((a.workspace_bytes for a in self.attentions.values()), default=0)
@@ -216,6 +220,10 @@ class CudaPlanRunner:
         step then calls cupy.matmul, which allocates its result and cannot be captured)."""
         import cupy
         from powerfusion.backends.cuda import blas, int8_gemm, library
+        decode = self.decodes.get(node.name) if isinstance(node.op, Attention) else None
+        if decode is not None and not decode.misfit(ins[0], ins[1], ins[2], out):   # split-KV decode kernel
+            decode(ins[0], ins[1], ins[2], out)
+            return True
         if isinstance(node.op, Attention):   # cuDNN, chosen when the runner was built
             route = self.attentions.get(node.name)
             if route is None:
