@@ -43,9 +43,9 @@ def _device_time(sess) -> float:
     return statistics.median(graph_replay_times(sess))
 
 
-def bert_base_like(layers: int):
+def bert_base_like(layers: int, batch: int = 1, seq: int = 128):
     """(recipe, ONNX model): BERT-base's encoder layer (post-LN, hidden 768, 12 heads, FFN 3072,
-    GELU) `layers` times on float hidden states [1, 128, 768], in plain torch (the GPU machine
+    GELU) `layers` times on float hidden states [batch, seq, 768], in plain torch (the GPU machine
     has no transformers), random weights, exported with the TorchScript exporter."""
     import io
     import onnx
@@ -54,11 +54,11 @@ def bert_base_like(layers: int):
     from models.onnx_tools import TensorSpec
     torch.manual_seed(0)
     module = torch.nn.Sequential(*[_EncoderLayer() for _ in range(layers)]).eval()
-    recipe = Recipe(name="bert_base_like", module=module, inputs=(TensorSpec("hidden", (1, 128, 768), "float32"),),
+    recipe = Recipe(name="bert_base_like", module=module, inputs=(TensorSpec("hidden", (batch, seq, 768), "float32"),),
                     outputs=("out",), description=f"BERT-base encoder layer x{layers}", exporter="legacy", opset=17)
     buf = io.BytesIO()
     with torch.no_grad():
-        torch.onnx.export(module, (torch.zeros(1, 128, 768),), buf, input_names=["hidden"], output_names=["out"],
+        torch.onnx.export(module, (torch.zeros(batch, seq, 768),), buf, input_names=["hidden"], output_names=["out"],
                           opset_version=17, dynamo=False)
     return recipe, onnx.load_from_string(buf.getvalue())
 
@@ -117,6 +117,10 @@ def _model_for(kind: str, model, recipe):
         sets = [sample_inputs(recipe.inputs, seed) for seed in range(16)]
         cal = check_calibration({k: np.stack([s[k] for s in sets]) for k in sets[0]}, model)
         return quantize_model(model, cal, QuantizeOptions("minmax", per_channel=True))
+    if kind == "int8-gemms":    # Q/DQ only around the GEMMs with constant weights (ptq.py)
+        sets = [sample_inputs(recipe.inputs, seed) for seed in range(16)]
+        cal = check_calibration({k: np.stack([s[k] for s in sets]) for k in sets[0]}, model)
+        return quantize_model(model, cal, QuantizeOptions("minmax", per_channel=True, ops="weight-gemms"))
     if kind == "int8-dynamic":
         return quantize_model(model, None, QuantizeOptions(dynamic=True))
     return model

@@ -13,6 +13,12 @@ an accuracy report against the fp32 model. PowerFusion imports the result like a
   output channel (`per_channel=True`).
 - dynamic (`dynamic=True`): weights quantised offline, activation scales computed at run time
   (DynamicQuantizeLinear + MatMulInteger / ConvInteger); no calibration data needed.
+- `ops="weight-gemms"` (static): only MatMul / Gemm / Conv with a constant weight get Q/DQ
+  pairs, the ops that become integer GEMMs here (integer_gemm.py). Every other quantised op
+  (onnxruntime's default, `ops="all"`) runs here as float arithmetic between a DequantizeLinear
+  and a QuantizeLinear: rounding that costs time and accuracy and saves nothing. That includes
+  attention's activation x activation MatMuls, whose Q/DQ pairs also hide the attention pattern
+  from the fused attention (frontend/attention.py).
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ from powerfusion.errors import PowerFusionError
 from powerfusion.precision.calibration import CalibrationData
 
 METHODS = ("minmax", "percentile", "entropy")
+OPS = ("all", "weight-gemms")
+GEMMS = ("MatMul", "Gemm", "Conv")
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class QuantizeOptions:
     symmetric: bool = False
     dynamic: bool = False
     equalize: bool = False
+    ops: str = "all"          # which ops get Q/DQ pairs (static): OPS
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ def quantize_model(model: onnx.ModelProto, calibration: CalibrationData | None,
     q = _ort_quantization()
     if options.method not in METHODS:
         raise PowerFusionError(f"unknown calibration method {options.method!r}; choose {', '.join(METHODS)}")
+    if options.ops not in OPS:
+        raise PowerFusionError(f"unknown ops selection {options.ops!r}; choose {', '.join(OPS)}")
     if not options.dynamic and (calibration is None or calibration.count == 0):
         raise PowerFusionError("static quantisation needs calibration data (or use dynamic quantisation)")
     if options.equalize:
@@ -67,6 +78,11 @@ def quantize_model(model: onnx.ModelProto, calibration: CalibrationData | None,
         model, _ = equalize(model)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "int8.onnx")
+        if options.ops != "all" and not options.dynamic:
+            model = _copy(model)
+            selection = _selection(model, options.ops)     # names unnamed GEMMs of the copy
+        else:
+            selection = {}
         onnx.save(model, src)
         if options.dynamic:
             q.quantize_dynamic(src, dst, per_channel=options.per_channel, weight_type=q.QuantType.QInt8)
@@ -76,8 +92,31 @@ def quantize_model(model: onnx.ModelProto, calibration: CalibrationData | None,
             q.quantize_static(src, dst, _Reader(calibration), quant_format=q.QuantFormat.QDQ,
                               per_channel=options.per_channel, activation_type=q.QuantType.QInt8,
                               weight_type=q.QuantType.QInt8, calibrate_method=method,
-                              extra_options={"ActivationSymmetric": options.symmetric, "WeightSymmetric": True})
+                              extra_options={"ActivationSymmetric": options.symmetric, "WeightSymmetric": True},
+                              **selection)
         return onnx.load(dst)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _selection(model: onnx.ModelProto, ops: str) -> dict:
+    """quantize_static's op selection for `ops`: {} for all, else GEMMs whose weight (input 1) is
+    an initializer or a Constant node's output, the other GEMMs excluded by name."""
+    if ops == "all":
+        return {}
+    g = model.graph
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    gemms = [n for n in g.node if n.op_type in GEMMS and n.domain in ("", "ai.onnx")]
+    from powerfusion.names import fresh_name
+    taken = {n.name for n in g.node}
+    for n in gemms:       # onnxruntime excludes by node name: name the unnamed ones
+        n.name = n.name or fresh_name("pf_gemm", taken)
+    return {"op_types_to_quantize": list(GEMMS),
+            "nodes_to_exclude": [n.name for n in gemms if len(n.input) < 2 or n.input[1] not in consts]}
 
 
 class _Reader:
