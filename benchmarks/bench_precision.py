@@ -13,9 +13,14 @@ session's captured pieces between events, median of 30; torch: harness.time_torc
 `max_rel_error_vs_fp32`: max |out - our fp32 out| / max |our fp32 out| (`error_reference` names
 the row compared with: the first of `--kinds`, fp32 unless a run leaves it out).
 INT8 static: calibration data are 16 seeded random input sets (models.export.sample_inputs),
-minmax, per-channel weights; dynamic: onnxruntime's quantize_dynamic. Quantised MatMuls with
+minmax, per-channel weights, Q/DQ on every op onnxruntime quantises ("int8-static") or only on
+the inputs of GEMMs with constant weights ("int8-gemms", ptq.py's ops="weight-gemms"); a
+"+fp16" suffix runs the float parts in AMP fp16; dynamic: onnxruntime's quantize_dynamic.
+`--bert-shapes 1x128,8x128` adds cases "bert_base_like 8x128" (batch x sequence), run with
+`--other-kinds`. Quantised MatMuls with
 int8 weights run as int8 x int8 -> int32 cuBLAS GEMMs (IMMA; `int8_gemms` counts the steps per
-route), quantised 2-D convs as im2col + the same int8 GEMM.
+route: imma-lt through cuBLASLt's heuristic, imma through cublasGemmEx), quantised 2-D convs as
+im2col + the same int8 GEMM.
 Writes <out>/precision.{json,md} (default benchmarks/results).
 """
 from __future__ import annotations
@@ -104,9 +109,9 @@ def _EncoderLayer():
 
 def _int8_gemms(sess) -> str:
     routes = list(getattr(sess._executor, "int8_routes", {}).values())
-    imma = sum(r == "imma" for r in routes)
-    return f"{imma} imma, {len(routes) - imma} fallback" + (f" ({sorted(set(routes) - {'imma'})})"
-                                                            if len(routes) > imma else "")
+    lt, imma = sum(r == "imma-lt" for r in routes), sum(r == "imma" for r in routes)
+    rest = sorted(set(routes) - {"imma", "imma-lt"})
+    return f"{lt} imma-lt, {imma} imma, {len(routes) - imma - lt} fallback" + (f" ({rest})" if rest else "")
 
 
 def _model_for(kind: str, model, recipe):
@@ -127,14 +132,16 @@ def _model_for(kind: str, model, recipe):
 
 
 def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_layers: int = 4,
-          resnet_blocks=(3, 4, 6, 3)) -> list[dict]:
+          resnet_blocks=(3, 4, 6, 3), bert_shape=(1, 128)) -> list[dict]:
     import onnx
     import torch
     from harness import time_torch
     from models.export import sample_inputs
     from powerfusion import InferenceSession
+    case = name
     if name == "bert_base_like":
-        recipe, model = bert_base_like(bert_layers)
+        recipe, model = bert_base_like(bert_layers, *bert_shape)
+        case = name if tuple(bert_shape) == (1, 128) else f"{name} {bert_shape[0]}x{bert_shape[1]}"
     elif name == "resnet50_like":
         recipe, model = resnet50_like(resnet_blocks)
     else:
@@ -150,15 +157,15 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
             sess = InferenceSession(m, target="cuda", options={"cuda_graph": True, "precision": precision})
             out = np.asarray(sess.run(None, feeds)[0], np.float64)
             ref, ref_kind = (out, kind) if ref is None else (ref, ref_kind)
-            rows.append({"case": name, "impl": f"powerfusion {kind}", "device_time_s": _device_time(sess),
+            rows.append({"case": case, "impl": f"powerfusion {kind}", "device_time_s": _device_time(sess),
                          "max_rel_error_vs_fp32": float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)),
                          "error_reference": f"powerfusion {ref_kind}"})
             if kind.startswith("int8"):
                 rows[-1]["int8_gemms"] = _int8_gemms(sess)
         except Exception:
-            rows.append({"case": name, "impl": f"powerfusion {kind}", "error": traceback.format_exc(limit=3)[-800:]})
+            rows.append({"case": case, "impl": f"powerfusion {kind}", "error": traceback.format_exc(limit=3)[-800:]})
         _print(rows[-1])
-    module = recipe.module.eval().cuda()
+    module = recipe.module.eval().cuda() if torch_kinds else None
     for label, dtype in (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
         if label not in torch_kinds:
             continue
@@ -171,7 +178,7 @@ def bench(name: str, kinds=OURS, torch_kinds=("fp32", "fp16", "bf16"), bert_laye
             out = (out[0] if isinstance(out, (tuple, list)) else out).float().cpu().numpy().astype(np.float64)
             t = time_torch(compiled, [args], latency_calls=10)
         err = None if ref is None else float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-        rows.append({"case": name, "impl": f"torch.compile {label}", "device_time_s": t.device_time_s,
+        rows.append({"case": case, "impl": f"torch.compile {label}", "device_time_s": t.device_time_s,
                      "max_rel_error_vs_fp32": err})
         _print(rows[-1])
     return rows
@@ -208,15 +215,22 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default=",".join(OURS), help="our precisions to run (comma-separated)")
     ap.add_argument("--torch-kinds", default="fp32,fp16,bf16", help="torch.compile dtypes to run")
     ap.add_argument("--bert-layers", type=int, default=4)
+    ap.add_argument("--bert-shapes", default="1x128", help="batch x sequence of bert_base_like (comma-separated)")
+    ap.add_argument("--other-kinds", default=None, help="our precisions for every case after the first (default --kinds)")
     ap.add_argument("--resnet-blocks", default="3,4,6,3", help="bottlenecks per stage of resnet50_like")
     args = ap.parse_args(argv)
     rows = []
-    kinds, torch_kinds = tuple(args.kinds.split(",")), tuple(args.torch_kinds.split(","))
+    kinds, torch_kinds = tuple(args.kinds.split(",")), tuple(k for k in args.torch_kinds.split(",") if k)
     blocks = tuple(int(b) for b in args.resnet_blocks.split(","))
-    for name in ("bert_base_like", "resnet50_like", *CNNS):
-        if any(part in name for part in args.only.split(",")):
-            rows += bench(name, kinds, torch_kinds, args.bert_layers, blocks)
-    shapes = {"bert_layers": args.bert_layers} if any(r["case"] == "bert_base_like" for r in rows) else {}
+    other = tuple(args.other_kinds.split(",")) if args.other_kinds else kinds
+    cases = [(name, shape) for name in ("bert_base_like", "resnet50_like", *CNNS)
+             if any(part in name for part in args.only.split(","))
+             for shape in ([tuple(int(v) for v in s.split("x")) for s in args.bert_shapes.split(",")]
+                           if name == "bert_base_like" else [(1, 128)])]
+    for i, (name, shape) in enumerate(cases):
+        rows += bench(name, kinds if i == 0 else other, torch_kinds, args.bert_layers, blocks, shape)
+    shapes = {"bert_layers": args.bert_layers, "bert_shapes": args.bert_shapes} \
+        if any(r["case"].startswith("bert_base_like") for r in rows) else {}
     if any(r["case"] == "resnet50_like" for r in rows):
         shapes["resnet_blocks"] = list(blocks)
     meta = run_metadata(suite="precision", geomean=summary(rows), **shapes)

@@ -7,6 +7,9 @@
 2. **Propagation**: in topological order, a compute op (MatMul, Gemm, Conv) is a candidate
    by itself; a white-listed op is a candidate when one of its float inputs is already
    16-bit (so conversion flows downstream from the compute ops until an op off the list).
+   An integer GEMM's dequantised result (Mul(Cast(MatMulInteger), scale), from a QDQ model)
+   starts propagation too: the Mul stays fp32, its result is rounded to 16 bits, so the
+   memory-bound ops after an int8 GEMM run on 16-bit tensors as after a 16-bit one.
 3. **Cost rule** (`cost.py`): a candidate is converted only when its modelled time in 16 bits,
    including the casts its fp32 inputs then need, is below its time in fp32.
 4. **Casts**: every converted node first gets a down-cast on each runtime fp32 input and an
@@ -31,6 +34,8 @@ from powerfusion.errors import PowerFusionError
 from powerfusion.precision.casts import eliminate_casts, remove_unused_casts
 from powerfusion.precision.cost import CastCost, conversion_pays
 from powerfusion.precision.lists import COMPUTE_OPS, FP32_LIST, UNTYPED_INPUTS, WHITE_LIST
+
+INTEGER_GEMMS = ("MatMulInteger", "ConvInteger")
 
 LOW_TYPES = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 PRECISION_NAMES = {"fp32": None, "float32": None, "fp16": "float16", "float16": "float16",
@@ -106,6 +111,7 @@ class _Rewriter:
         self.const_low: dict[str, str] = {}   # fp32 initializer -> its 16-bit copy
         self.taken = {n for node in g.node for n in list(node.input) + list(node.output)} | set(self.inits)
         self.original_casts = sum(n.op_type == "Cast" for n in g.node)
+        self.outputs = {o.name for o in g.output}
         self.cost = CastCost.for_target(config.cost_target, config.dtype)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
@@ -123,6 +129,8 @@ class _Rewriter:
 
     def _visit(self, node) -> list:
         op, cfg = node.op_type, self.config
+        if self._is_dequantized_product(node):
+            return self._round_dequantized(node)
         if node.domain not in ("", "ai.onnx") or op in cfg.fp32 or op not in cfg.white:
             return [node]
         ins = self._float_inputs(node)
@@ -138,6 +146,32 @@ class _Rewriter:
             self.report.declined.append(node.name or node.output[0])
             return [node]
         return self._convert(node, ins, outs)
+
+    def _is_dequantized_product(self, node) -> bool:
+        """Mul(Cast(MatMulInteger | ConvInteger, to=FLOAT), scale): an integer GEMM's result in
+        float, as integer_gemm.fuse_qdq_integer writes it (not a graph output)."""
+        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or node.output[0] in self.outputs:
+            return False
+        cast = self.producer.get(node.input[0])
+        if cast is None or cast.op_type != "Cast" or self.types.get(node.output[0]) != TensorProto.FLOAT:
+            return False
+        gemm = self.producer.get(cast.input[0])
+        return gemm is not None and gemm.op_type in INTEGER_GEMMS
+
+    def _round_dequantized(self, node) -> list:
+        """An integer GEMM's dequantised result starts 16-bit propagation like a float GEMM's
+        output: the Mul stays fp32 (the int32 sum exceeds fp16's range before the scale) and its
+        result is rounded to 16 bits, Cast(Cast(y, low), FLOAT) named y, so that the converted
+        consumers read the 16-bit value (cast elimination) and the others its fp32 copy."""
+        y = node.output[0]
+        node2 = onnx.NodeProto()
+        node2.CopyFrom(node)
+        wide = node2.output[0] = self._fresh(f"{y}_dequantized")
+        low, down = self._down_cast(wide)
+        self.low_tensors.add(y)
+        self.report.converted.append(node.name or y)
+        self.report.casts_inserted += 1
+        return [node2, *down, helper.make_node("Cast", [low], [y], to=TensorProto.FLOAT, name=self._fresh(f"{y}_to_float"))]
 
     # -- queried by the cost rule --------------------------------------------------------
 

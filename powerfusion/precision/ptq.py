@@ -13,8 +13,9 @@ an accuracy report against the fp32 model. PowerFusion imports the result like a
   output channel (`per_channel=True`).
 - dynamic (`dynamic=True`): weights quantised offline, activation scales computed at run time
   (DynamicQuantizeLinear + MatMulInteger / ConvInteger); no calibration data needed.
-- `ops="weight-gemms"` (static): only MatMul / Gemm / Conv with a constant weight get Q/DQ
-  pairs, the ops that become integer GEMMs here (integer_gemm.py). Every other quantised op
+- `ops="weight-gemms"` (static): only the inputs of MatMul / Gemm / Conv with a constant weight
+  get Q/DQ pairs, the ops that become integer GEMMs here (integer_gemm.py); their outputs stay
+  float (the int32 accumulator dequantised once, not rounded to int8 again). Every other quantised op
   (onnxruntime's default, `ops="all"`) runs here as float arithmetic between a DequantizeLinear
   and a QuantizeLinear: rounding that costs time and accuracy and saves nothing. That includes
   attention's activation x activation MatMuls, whose Q/DQ pairs also hide the attention pattern
@@ -92,7 +93,8 @@ def quantize_model(model: onnx.ModelProto, calibration: CalibrationData | None,
             q.quantize_static(src, dst, _Reader(calibration), quant_format=q.QuantFormat.QDQ,
                               per_channel=options.per_channel, activation_type=q.QuantType.QInt8,
                               weight_type=q.QuantType.QInt8, calibrate_method=method,
-                              extra_options={"ActivationSymmetric": options.symmetric, "WeightSymmetric": True},
+                              extra_options={"ActivationSymmetric": options.symmetric, "WeightSymmetric": True,
+                                             **selection.pop("extra", {})},
                               **selection)
         return onnx.load(dst)
 
@@ -116,7 +118,10 @@ def _selection(model: onnx.ModelProto, ops: str) -> dict:
     for n in gemms:       # onnxruntime excludes by node name: name the unnamed ones
         n.name = n.name or fresh_name("pf_gemm", taken)
     return {"op_types_to_quantize": list(GEMMS),
-            "nodes_to_exclude": [n.name for n in gemms if len(n.input) < 2 or n.input[1] not in consts]}
+            "nodes_to_exclude": [n.name for n in gemms if len(n.input) < 2 or n.input[1] not in consts],
+            # the GEMM's int32 result is dequantised in float here; a Q/DQ pair on it would
+            # only round it once more (onnxruntime forms QLinearMatMul from it; we need not)
+            "extra": {"OpTypesToExcludeOutputQuantization": list(GEMMS)}}
 
 
 class _Reader:

@@ -35,6 +35,7 @@ def _int8(rng, shape):
 ])
 def test_int8_gemm_is_exact(a_shape, b_shape, trans_b, route):
     import cupy
+
     from powerfusion.backends.cuda.blas import Blas
     from powerfusion.backends.cuda.int8_gemm import Int8Gemm
     rng = np.random.default_rng(0)
@@ -54,8 +55,31 @@ def test_int8_gemm_is_exact(a_shape, b_shape, trans_b, route):
     np.testing.assert_array_equal(out.get(), ref)
 
 
+@pytest.mark.parametrize("a_shape,n", [((128, 768), 3072), ((1, 128, 3072), 768), ((2, 3, 64, 256), 96)])
+def test_int8_weight_gemm_through_cublaslt_is_exact(a_shape, n):
+    """Constant weights go through cuBLASLt's heuristic (int8_lt.py), checked against cublasGemmEx
+    at the first run and here against numpy's int64 product, at the first and a later call."""
+    import cupy
+    from powerfusion.backends.cuda.blas import Blas
+    from powerfusion.backends.cuda.blaslt import BlasLt
+    from powerfusion.backends.cuda.int8_gemm import Int8Gemm
+    from powerfusion.backends.cuda.int8_lt import Int8Lt
+    rng = np.random.default_rng(1)
+    a, b = _int8(rng, a_shape), _int8(rng, (a_shape[-1], n))
+    ref = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    blas = Blas()
+    blas.bind(cupy.cuda.get_current_stream())
+    gemm = Int8Gemm(blas, Int8Lt(BlasLt()))
+    for _ in range(2):
+        out = cupy.zeros(ref.shape, cupy.int32)
+        assert gemm.gemm_into("w", cupy.asarray(a), cupy.asarray(b), out, b_constant=True)
+        np.testing.assert_array_equal(out.get(), ref)
+    assert gemm.routes["w"] == "imma-lt", gemm.routes
+
+
 def test_int8_gemm_refuses_other_dtypes():
     import cupy
+
     from powerfusion.backends.cuda.blas import Blas
     from powerfusion.backends.cuda.int8_gemm import Int8Gemm
     a = cupy.zeros((8, 8), cupy.int8)
@@ -86,8 +110,10 @@ def test_static_qdq_mlp_on_cuda(m):
 ])
 def test_int8_conv_is_exact(x_shape, w_shape, stride, pads):
     import cupy
+
     from powerfusion.backends.cuda.blas import Blas
     from powerfusion.backends.cuda.int8_gemm import Int8Conv, Int8Gemm
+
     from .test_integer_gemm import _reference_conv
     rng = np.random.default_rng(5)
     x, w = _int8(rng, x_shape), _int8(rng, w_shape)

@@ -16,8 +16,13 @@ Other shapes, and any call cuBLAS refuses, take the fallback: the operands widen
 in buffers of ours (allocated at the first, eager run; kept per step) and a float64 cuBLAS GEMM,
 exact for any K below 2**37 / 128**2. `routes` says which path each step took and why.
 
-cuBLASLt would allow epilogues (scaling in the GEMM); the requantisation stays in the
-memory-bound kernels instead, where it fuses with the neighbouring elementwise ops.
+Weight GEMMs (a constant [N, K] weight, the activation's batch folded into its rows) go
+through cuBLASLt's own heuristic instead (int8_lt.py: on an H200 cublasGemmStridedBatchedEx
+picks Ampere CUTLASS int8 kernels, cuBLASLt's heuristic may offer Hopper ones), route "imma-lt",
+where its first (eager) result equals the cublasGemmEx one bit for bit (int32 sums are exact, so
+any difference is a fault, and the step then keeps "imma"). `USE_LT = False` turns this off
+(benchmarks compare both). The requantisation stays in the memory-bound kernels, where it fuses
+with the neighbouring elementwise ops.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 CUDA_R_8I, CUDA_R_32I, CUBLAS_COMPUTE_32I = 3, 10, 72
 _OP_N, _OP_T = 0, 1
 _GEMM_DEFAULT = -1
+USE_LT = True       # weight GEMMs through cuBLASLt's heuristic where it agrees (int8_lt.py)
 
 
 def is_int8_gemm(a, b, out) -> bool:
@@ -46,8 +52,9 @@ def imma_blocker(m: int, n: int, k: int, trans_a: bool, trans_b: bool) -> str | 
 class Int8Gemm:
     """The int8 GEMMs of one session on its cuBLAS handle (a blas.Blas)."""
 
-    def __init__(self, blas):
+    def __init__(self, blas, lt=None):
         self.blas = blas
+        self.lt = lt            # an int8_lt.Int8Lt, or None
         # step name -> "imma" (cuBLAS took the int8 call) or "fallback float64: <why>"
         self.routes: dict[str, str] = {}
         self._wide: dict[str, tuple] = {}    # step name -> its float64 buffers
@@ -79,6 +86,11 @@ class Int8Gemm:
         route = self.routes.get(name)
         if route is None:
             route = self.routes[name] = self._first_route(a, b, out, m, n, k, trans_a, trans_b)
+            if route == "imma" and b_constant and trans_b and not trans_a:
+                route = self.routes[name] = self._lt_route(a, b, out)
+        if route == "imma-lt":
+            self.blas._check(self.lt.gemm_into(a, b, out, self.blas.stream_ptr), f"cublasLtMatmul (int8, {m}x{n}x{k})")
+            return True
         if route == "imma":
             status = self._imma(a, b, out, m, n, k, sa, sb, int(np.prod(batch, dtype=np.int64)), trans_a, trans_b)
             self.blas._check(status, f"cublasGemmStridedBatchedEx (int8, {m}x{n}x{k})")
@@ -106,6 +118,22 @@ class Int8Gemm:
                             _batch_stride(b.shape[:-2], batch, k * n), int(np.prod(batch, dtype=np.int64)),
                             trans_a, trans_b)
         return "imma" if status == 0 else f"fallback float64: cuBLAS refused int8 (status {status})"
+
+    def _lt_route(self, a, b, out) -> str:
+        """ "imma-lt" where cuBLASLt takes out = a @ b^T and its result equals the cublasGemmEx
+        one just written to `out` (first, eager run), else "imma"."""
+        from powerfusion.backends.cuda.blaslt import BlasLtError
+        if not USE_LT or self.lt is None or self.lt.shape(a, b, out) is None:
+            return "imma"
+        import cupy
+        want = out.copy()
+        try:
+            status = self.lt.gemm_into(a, b, out, self.blas.stream_ptr)
+        except BlasLtError:
+            status = -1
+        same = status == 0 and bool(cupy.array_equal(out, want))
+        out[...] = want
+        return "imma-lt" if same else "imma"
 
     def _imma(self, a, b, out, m, n, k, sa, sb, count, trans_a, trans_b) -> int:
         one, zero = np.ones((), np.int32), np.zeros((), np.int32)

@@ -284,7 +284,7 @@ class CudaPlanRunner:
         would accumulate in int8, so operands that path cannot take are an error, not a fallback."""
         from powerfusion.backends.cuda.int8_gemm import Int8Conv, Int8Gemm
         if self._int8 is None:
-            self._int8 = Int8Gemm(self._blas)
+            self._int8 = Int8Gemm(self._blas, self._int8_lt())
             self._int8_conv = Int8Conv(self._int8)
         op = node.op
         if isinstance(op, Conv):
@@ -302,9 +302,19 @@ class CudaPlanRunner:
                                    "biased or not 2-D)")
         return True
 
+    def _int8_lt(self):
+        """The cuBLASLt path of the int8 weight GEMMs (int8_lt.py) on our cuBLASLt handle, or None."""
+        from powerfusion.backends.cuda import blaslt
+        from powerfusion.backends.cuda.int8_lt import Int8Lt
+        if not blaslt.available():
+            return None
+        if self._lt is None:
+            self._lt = blaslt.BlasLt()
+        return Int8Lt(self._lt)
+
     @property
     def int8_routes(self) -> dict[str, str]:
-        """int8 MatMul / Conv step -> "imma" or "fallback float64: <why>" (after the first run)."""
+        """int8 MatMul / Conv step -> "imma-lt", "imma" or "fallback float64: <why>" (after the first run)."""
         return {} if self._int8 is None else dict(self._int8.routes)
 
     def _captures(self, s) -> bool:
