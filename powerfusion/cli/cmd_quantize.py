@@ -1,5 +1,5 @@
 """`powerfusion quantize MODEL --calibration DATA.npz [--method minmax|percentile|entropy]
-[--per-channel] [--symmetric] [--equalize] [--dynamic] -o OUT.onnx`: INT8 post-training
+[--per-channel] [--symmetric] [--equalize] [--ops all|weight-gemms] [--dynamic] -o OUT.onnx`: INT8 post-training
 quantisation to a standard QDQ model, with a short accuracy report on the calibration data."""
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     sym.add_argument("--symmetric", action="store_true", help="activations without zero point, range [-127, 127]")
     sym.add_argument("--asymmetric", action="store_true", help="activations with a zero point (default)")
     p.add_argument("--equalize", action="store_true", help="cross-layer weight equalisation before quantising")
+    p.add_argument("--ops", default="all", choices=["all", "weight-gemms"],
+                   help="which ops get Q/DQ pairs (static): onnxruntime's default, or only the inputs of "
+                        "MatMul / Gemm / Conv with constant weights (the integer GEMMs; the rest stays float)")
     p.add_argument("--dynamic", action="store_true", help="activation scales at run time (no calibration needed)")
     p.add_argument("-o", "--output", required=True, help="path of the quantised .onnx file")
 
@@ -35,7 +38,7 @@ def main(args) -> int:
     if not args.dynamic and not args.calibration:
         raise PowerFusionError("static quantisation needs --calibration DATA.npz (or pass --dynamic)")
     data = load_calibration(args.calibration, model) if args.calibration else None
-    opts = QuantizeOptions(args.method, args.per_channel, args.symmetric, args.dynamic, args.equalize)
+    opts = QuantizeOptions(args.method, args.per_channel, args.symmetric, args.dynamic, args.equalize, args.ops)
     progress(f"quantising with {opts}")
     out = quantize_model(model, data, opts)
     onnx.save(out, args.output)

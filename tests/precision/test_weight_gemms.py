@@ -108,3 +108,22 @@ def test_amp_continues_in_16_bits_after_an_int8_gemm():
     assert rel_error(ort_run(h, {"x": x}, optimize=False)[0], want) < 2e-2
     ours = InferenceSession(q, options={"precision": "fp16"}).run(None, {"x": x})[0]
     assert rel_error(ours, want) < 2e-2
+
+
+def test_cli_quantize_ops_weight_gemms(tmp_path, capsys):
+    from powerfusion.cli import main as cli_main
+
+    from .helpers import DIGITS
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, image=digits_data()["x_calib"][:20])
+    out = tmp_path / "q.onnx"
+    assert cli_main(["quantize", f"{DIGITS}/digits_cnn.onnx", "--calibration", str(cal), "--per-channel",
+                     "--ops", "weight-gemms", "-o", str(out)]) == 0
+    q = onnx.load(out)
+    gemm_inputs = {i for n in q.graph.node if n.op_type in ("MatMul", "Gemm", "Conv") for i in n.input}
+    dq = {n.output[0]: n.input[0] for n in q.graph.node if n.op_type == "DequantizeLinear"}
+    # every QuantizeLinear feeds (through its DequantizeLinear) a GEMM
+    for n in q.graph.node:
+        if n.op_type == "QuantizeLinear":
+            assert any(src == n.output[0] and name in gemm_inputs for name, src in dq.items()), n.name
+    assert "top-1 agreement" in capsys.readouterr().out
