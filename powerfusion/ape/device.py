@@ -70,6 +70,18 @@ def mma_applies(n: int, k_chunk: int | None) -> bool:
     return n % 8 == 0 and not k_chunk
 
 
+MMA_MIN_TILES, MMA_MIN_N = 64, 256   # our kernel's 128 x 256 block tiles (FP32-F)
+
+
+def mma_fills(m: int, n: int) -> bool:
+    """Whether a GEMM gives our kernel (no split-K) a grid worth its split kernels: N at least one
+    block tile wide and at least MMA_MIN_TILES output tiles. Measured on the H200 (docs/ape.md):
+    every benchmark GEMM that fails this ran slower than SGEMM on the mma engine (ResNet-50's
+    classifier 32 x 1000: 0.06x; its 3x3 convs with N = 64 ... 512 over 26-49 tiles: 0.28-0.60x;
+    1024^3, 32 tiles: 0.48x), every one that passes ran 1.09-1.67x SGEMM."""
+    return n >= MMA_MIN_N and -(-m // 128) * -(-n // 256) >= MMA_MIN_TILES
+
+
 @functools.cache
 def _smem_optin(device_id: int) -> int:
     import cupy
@@ -205,6 +217,7 @@ class ApeGemm:
         import cupy
         _check(a, b, mode, out)
         self.engine = pick_engine(engine, b.shape[1], k_chunk)
+        self.engine_picked = engine == "auto"   # not asked for by name: SGEMM may run instead
         self.a, self.b = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
         self.m, self.k = a.shape
         self.n = b.shape[1]
@@ -229,6 +242,8 @@ class ApeGemm:
             return Plan("fp32", (MASK_FP32,) * npanels, float("nan"), float("nan"))
         if mode != "auto":
             return Plan(mode, (MASK_F if mode == "fp32-f" else MASK_B,) * npanels, float("nan"), float("nan"))
+        if self.engine_picked and self.engine == "mma" and not mma_fills(self.m, self.n):   # SGEMM is faster, exact
+            return Plan("fp32", (MASK_FP32,) * npanels, float("nan"), float("nan"))
         mask_a, mask_b = scan_masks(self.a, self.b)
         cls = panel_classes(mask_a.max(axis=0), mask_b.max(axis=1))
         return decide(cls, speeds or measured_speeds(), 2.0 * self.m * self.n * PANEL, f_block_fraction(mask_a, mask_b))

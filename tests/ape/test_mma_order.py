@@ -120,3 +120,13 @@ def test_mma_kernels_compile_without_spilling_much(arch, tmp_path):
 def test_shared_memory_fits_one_block_per_sm():
     # 227 KiB of dynamic shared memory per block on sm_90 (163 KiB on sm_80: the device says)
     assert all(mma.smem_bytes(m) <= 227 * 1024 for m in mma.TILINGS)
+
+
+@pytest.mark.parametrize("m,n,fills", [(8192, 8192, True), (2048, 2048, True), (4096, 768, True),
+                                       (100352, 256, True), (1024, 1024, False), (32, 1000, False),
+                                       (100352, 64, False), (6272, 256, False), (1568, 512, False)])
+def test_auto_keeps_sgemm_where_the_mma_grid_is_small(m, n, fills):
+    """The benchmark GEMMs (docs/ape.md): those that ran slower than SGEMM on the mma engine are
+    exactly those "auto" now leaves to SGEMM."""
+    from powerfusion.ape.device import mma_fills
+    assert mma_fills(m, n) == fills

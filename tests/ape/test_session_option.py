@@ -229,10 +229,11 @@ def test_auto_plans_again_when_the_data_leaves_the_planned_range():
     """First run in FP32-F's range: planned FP32-F; then values near 2^20, where FP32-F's split
     overflows: the session plans again (FP32-B) instead of returning Inf."""
     rng = np.random.default_rng(4)
-    sess = _session(matmul_model((128, 256), (256, 128), (128, 128)), "auto")
+    # a grid the mma engine fills (64 tiles of 128 x 256: device.mma_fills), else auto runs SGEMM
+    sess = _session(matmul_model((1024, 256), (256, 2048), (1024, 2048)), "auto")
     # magnitudes in [0.5, 2), random signs: every block inside FP32-F's range [2^-14, 2^15)
-    a = (rng.uniform(0.5, 2.0, (128, 256)) * rng.choice([-1, 1], (128, 256))).astype(np.float32)
-    b = (rng.uniform(0.5, 2.0, (256, 128)) * rng.choice([-1, 1], (256, 128))).astype(np.float32)
+    a = (rng.uniform(0.5, 2.0, (1024, 256)) * rng.choice([-1, 1], (1024, 256))).astype(np.float32)
+    b = (rng.uniform(0.5, 2.0, (256, 2048)) * rng.choice([-1, 1], (256, 2048))).astype(np.float32)
     sess.run(None, {"a": a, "b": b})
     [route] = sess._executor.library_routes.values()
     assert route.startswith("ape auto (plan fp32-f)"), route
