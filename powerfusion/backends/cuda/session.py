@@ -246,10 +246,18 @@ class CudaPlanRunner:
         if int8:
             self._blas.bind(cupy.cuda.get_current_stream())
             return self._int8_into(node, ins, out)
-        if isinstance(node.op, MatMul) and node.op.bias:   # cuBLASLt's bias epilogue (blaslt.py)
+        ape = self._ape is not None and out.dtype == np.float32 and logical is None
+        if isinstance(node.op, MatMul) and node.op.bias and not ape:   # cuBLASLt's bias epilogue (blaslt.py)
             return self._gemm_bias_into(node, ins, out, logical)
         gemm = self._blas if self._ape is None else self._ape.for_node(node.name, self._blas)
         gemm.bind(cupy.cuda.get_current_stream())
+        if isinstance(node.op, MatMul) and node.op.bias:
+            # fp32_matmul sends fp32 GEMMs through Ape (no epilogue there): the product, then the bias
+            if not gemm.gemm_into(ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b,
+                                  logical_dtype=logical):
+                return False
+            cupy.add(out, ins[2], out=out)
+            return True
         if isinstance(node.op, MatMul):
             return gemm.gemm_into(ins[0], ins[1], out, trans_a=node.op.trans_a, trans_b=node.op.trans_b,
                                   logical_dtype=logical)
