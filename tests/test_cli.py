@@ -249,3 +249,20 @@ def test_planned_subcommands_missing_module_is_left_out(monkeypatch):
     parser = cli.build_parser()
     assert "later" not in parser.format_help()
     assert "inspect" in parser.format_help()
+
+
+def test_compile_jobs_reach_the_search(capsys, model_path, tmp_path, monkeypatch):
+    """`-j N` sets the search workers the pipeline uses (it was once set where the command's own
+    settings context did not see it, and ignored)."""
+    import powerfusion.pipeline.driver as driver
+    seen = []
+    real = driver.search_all
+
+    def spy(subs, graph, t, *, workers, **kw):
+        seen.append(workers)
+        return real(subs, graph, t, workers=workers, **kw)
+
+    monkeypatch.setattr(driver, "search_all", spy)
+    code, _, err = run_cli(capsys, "compile", model_path, "-o", str(tmp_path / "out"), "-j", "1", "--no-cache")
+    assert code == 0, err
+    assert seen == [1]

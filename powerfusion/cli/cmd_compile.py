@@ -24,6 +24,18 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise PowerFusionError(f"--jobs must be at least 1, got {args.jobs}")
+        from powerfusion import options
+        # a context, not set_defaults: the CLI runs every command inside options.context, whose
+        # copy of the settings set_defaults does not reach (-j was ignored)
+        with options.context(search_workers=args.jobs):
+            return _compile(args)
+    return _compile(args)
+
+
+def _compile(args) -> int:
     import time
     from powerfusion import compile_cache
     from powerfusion.targets.specs import get_target
@@ -33,11 +45,6 @@ def main(args) -> int:
     if entry.extension is None:
         raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "
                                f"{', '.join(source_backends())}")
-    if args.jobs is not None:
-        if args.jobs < 1:
-            raise PowerFusionError(f"--jobs must be at least 1, got {args.jobs}")
-        from powerfusion import options
-        options.set_defaults(search_workers=args.jobs)
     args.model = model = check_model_path(args.model)
     shapes = parse_shapes(args.shapes)
     check_output_folder(args.output)

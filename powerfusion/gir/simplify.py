@@ -434,11 +434,21 @@ def _depth(e: Expr) -> int:
     return 0
 
 
-def _magnitude(s: _Simplifier, e: Expr) -> float:
-    """The largest |value| any node of `e` can take (the widest intermediate of its C form)."""
+def _magnitude(s: _Simplifier, e: Expr, seen: dict | None = None) -> float:
+    """The largest |value| any node of `e` can take (the widest intermediate of its C form).
+    A subexpression met again is looked at once (`seen`, by identity): composed index maps
+    share subexpressions, and walking them as a tree took 5 million calls for Swin-T's kernels."""
+    seen = {} if seen is None else seen
+    hit = seen.get(id(e))
+    if hit is not None:
+        return hit
     lo, hi = s.range(e)
     m = max(abs(lo), abs(hi))
-    if isinstance(e, BinOp): return max(m, _magnitude(s, e.a), _magnitude(s, e.b))
-    if isinstance(e, Select): return max(m, _magnitude(s, e.cond), _magnitude(s, e.a), _magnitude(s, e.b))
-    if isinstance(e, Load): return max(m, _magnitude(s, e.index))
+    if isinstance(e, BinOp):
+        m = max(m, _magnitude(s, e.a, seen), _magnitude(s, e.b, seen))
+    elif isinstance(e, Select):
+        m = max(m, _magnitude(s, e.cond, seen), _magnitude(s, e.a, seen), _magnitude(s, e.b, seen))
+    elif isinstance(e, Load):
+        m = max(m, _magnitude(s, e.index, seen))
+    seen[id(e)] = m
     return m

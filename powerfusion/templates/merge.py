@@ -322,18 +322,28 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
     match = plan.match
     choice: dict[str, Candidate] = {}
 
-    def score(node, cand, both: bool) -> tuple[int, int, bool]:
+    def neighbours(node, both: bool) -> tuple[list, list]:
+        """The chosen candidates at the node's edges, as (producer, buffer) for edges into it and
+        (consumer, buffer) for edges out of it (with `both`): fixed while one node is picked."""
+        ins, outs = [], []
+        for p, c, b in edges.get(id(node), ()):
+            if c is node and p.name in choice:
+                ins.append((choice[p.name], b))
+            if both and p is node and c.name in choice:
+                outs.append((choice[c.name], b))
+        return ins, outs
+
+    def score(cand, ins, outs) -> tuple[int, int, bool]:
         """(edges lined up, edges with equal per-unit tiles, preferred width): the second breaks
         ties towards structurally similar neighbours where nothing lines up (moves then compose
         cleanly), the third towards one vector width for the whole chain."""
         s = t = 0
-        for p, c, b in edges.get(id(node), ()):
-            if c is node and p.name in choice:
-                m, st = match(choice[p.name], cand, b)
-                s, t = s + m, t + st
-            if both and p is node and c.name in choice:
-                m, st = match(cand, choice[c.name], b)
-                s, t = s + m, t + st
+        for other, b in ins:
+            m, st = match(other, cand, b)
+            s, t = s + m, t + st
+        for other, b in outs:
+            m, st = match(cand, other, b)
+            s, t = s + m, t + st
         return s, t, family is not None and _family_score(cand, family)
 
     def pick(node, both):
@@ -341,9 +351,12 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
             return plan.rebind(node, fixed[node.name])
         cs = plan.candidates(node)
         cur = choice.get(node.name, cs[0])
-        best, best_s = cur, score(node, cur, both)
+        ins, outs = neighbours(node, both)   # looked up once, not once per candidate
+        best, best_s = cur, score(cur, ins, outs)
         for c in cs:
-            s = score(node, c, both)
+            if c is cur:
+                continue
+            s = score(c, ins, outs)
             if s > best_s:
                 best, best_s = c, s
         return best
