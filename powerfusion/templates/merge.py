@@ -321,6 +321,7 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
 
     match = plan.match
     choice: dict[str, Candidate] = {}
+    fam: dict[int, int] = {}   # id(candidate) -> _family_score (candidates outlive the descent)
 
     def neighbours(node, both: bool) -> tuple[list, list]:
         """The chosen candidates at the node's edges, as (producer, buffer) for edges into it and
@@ -344,7 +345,12 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
         for other, b in outs:
             m, st = match(cand, other, b)
             s, t = s + m, t + st
-        return s, t, family is not None and _family_score(cand, family)
+        if family is None:
+            return s, t, False
+        f = fam.get(id(cand))   # a candidate's family score, once per descent
+        if f is None:
+            f = fam[id(cand)] = _family_score(cand, family)
+        return s, t, f
 
     def pick(node, both):
         if node.name in fixed:
