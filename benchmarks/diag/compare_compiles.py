@@ -66,6 +66,12 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _steps(timings: str) -> str:
+    """The --timings lines (`  search  12.3 s`) as one short line."""
+    parts = [line.split() for line in timings.splitlines() if line.startswith("  ")]
+    return ", ".join(f"{p[0]} {p[1]}" for p in parts if len(p) >= 3 and p[0] in ("import", "search", "codegen"))
+
+
 def decisions(cache: Path) -> dict[str, dict]:
     """Searched subgraph name -> what the plan cache holds for it."""
     out = {}
@@ -130,6 +136,8 @@ def main() -> int:
                   f"(search statistics summed: {stats[0]} -> {stats[1]}); "
                   f"{len(decisions(runs[1]['cache']))} searched subgraphs: "
                   + ("same" if not diffs else f"{len(diffs)} difference(s)"), flush=True)
+            for k, r in enumerate(runs):
+                print(f"    {('before', 'after')[k]} steps:", _steps(r["timings"]))
             for d in diffs[:20]:
                 print("   ", d)
             same = same and not diffs

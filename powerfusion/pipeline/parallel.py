@@ -5,7 +5,8 @@
     distinct  = the first subgraph of each key whose decision is not cached yet
     search    each distinct one once (search.choose_plan, or for the CPU session
               choose.choose_default), over `workers` forked processes
-              (concurrent.futures), or in this process with one worker
+              (concurrent.futures), largest subgraphs first, or in this process
+              with one worker
     adopt     each worker's decision into the plan cache (memory and disk), where the
               pipeline's own choose_plan per subgraph then finds it
 
@@ -66,10 +67,18 @@ def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0,
         if workers <= 1:
             _search_here(todo, graph, t, bar, decide, search_kw)
         else:
-            _search_forked(todo, graph, t, workers, bar, decide, search_kw)
+            _search_forked(largest_first(todo), graph, t, workers, bar, decide, search_kw)
     finally:
         bar.close()
     return len(todo)
+
+
+def largest_first(todo: list[tuple[str, Subgraph]]) -> list[tuple[str, Subgraph]]:
+    """The searches with the most ops first (stable): a search's time grows with its subgraph
+    (Swin-T's 30-op attention blocks take 20-60x its 2-op ones), and one started last would
+    leave the other workers idle while it runs. The order decides nothing: each key is searched
+    once, with the same budget, in whichever process."""
+    return sorted(todo, key=lambda item: -len(item[1].nodes))
 
 
 def _searched(sub, graph, t, cache: bool, search_kw):

@@ -385,14 +385,26 @@ def composition_need(source: Level, through: Level) -> str | None:
 
 
 def _all_divisors(e) -> set[int]:
+    """The constant divisors (> 1) of the // and % in `e` (not under a load's index)."""
+    out: set[int] = set()
+    _collect_divisors(e, out, set())
+    return out
+
+
+def _collect_divisors(e, out: set[int], seen: set[int]) -> None:
+    # a subexpression met again is walked once (by identity): composed index maps share them,
+    # and the tree walk took 3 million calls for Swin-T's plans
+    if not isinstance(e, (BinOp, Select)) or id(e) in seen:
+        return
+    seen.add(id(e))
     if isinstance(e, BinOp):
-        out = _all_divisors(e.a) | _all_divisors(e.b)
+        _collect_divisors(e.a, out, seen)
+        _collect_divisors(e.b, out, seen)
         if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and e.b.value > 1:
             out.add(e.b.value)
-        return out
-    if isinstance(e, Select):
-        return _all_divisors(e.cond) | _all_divisors(e.a) | _all_divisors(e.b)
-    return set()
+    else:
+        for x in (e.cond, e.a, e.b):
+            _collect_divisors(x, out, seen)
 
 
 def _factors(ds) -> list[int]:
