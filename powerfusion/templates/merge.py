@@ -64,6 +64,9 @@ class MergePlan:
         self.sides: dict[tuple, tuple] = {}   # (id candidate, buffer, write) -> (_Side, candidate)
         self.default: dict[str, Candidate] | None = None   # _best_descent without fixed choices
         self.descents: dict[tuple, dict[str, Candidate]] = {}   # (sweeps, family) -> unconstrained _descend
+        # (node, both, family, id current, ids and buffers of the neighbours' choices) -> the pick
+        # of _descend_from, with the candidates it names (held: their ids stay theirs)
+        self.picks: dict[tuple, tuple] = {}
 
     def candidates(self, node) -> list[Candidate]:
         if node.name not in self._cands:
@@ -358,6 +361,13 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
         cs = plan.candidates(node)
         cur = choice.get(node.name, cs[0])
         ins, outs = neighbours(node, both)   # looked up once, not once per candidate
+        # a pick depends only on these: descents with other fixed ops (the search's polish, the
+        # plan enumeration) meet the same neighbourhoods again and again
+        key = (node.name, both, family, id(cur), tuple((id(o), b) for o, b in ins),
+               tuple((id(o), b) for o, b in outs))
+        hit = plan.picks.get(key)
+        if hit is not None:
+            return hit[0]
         best, best_s = cur, score(cur, ins, outs)
         for c in cs:
             if c is cur:
@@ -365,6 +375,7 @@ def _descend_from(plan: MergePlan, fixed: dict[str, Candidate], sweeps: int, fam
             s = score(c, ins, outs)
             if s > best_s:
                 best, best_s = c, s
+        plan.picks[key] = (best, cur, ins, outs)   # holds the candidates: their ids stay theirs
         return best
 
     for n in plan.nodes:
