@@ -259,12 +259,15 @@ def substitute(e: Expr, mapping: Mapping[str, Expr], seen: dict | None = None) -
     return out
 
 
-def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None):
+def evaluate(e: Expr, env: Mapping[str, np.ndarray | int], buffers: Mapping[str, np.ndarray] | None = None,
+             seen: dict | None = None):
     """Vectorised evaluation: variables bound to broadcastable int64 arrays. A node object that
     occurs several times in the tree is evaluated once per call: composed index maps repeat
     the same subexpressions many times over (a Swin window shift's tree of 6000 nodes has under
-    100 distinct ones), and `binop`/`select` hand back one shared object for equal nodes."""
-    return _value(e, env, buffers, {})
+    100 distinct ones), and `binop`/`select` hand back one shared object for equal nodes.
+    `seen`: a memo the caller keeps across calls with the same `env` and `buffers` (expressions
+    built from one another share nodes); the arrays it holds must not be written to."""
+    return _value(e, env, buffers, {} if seen is None else seen)
 
 
 def _value(e: Expr, env, buffers, seen: dict):

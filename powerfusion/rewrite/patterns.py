@@ -320,18 +320,21 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers, reader
     reader = {} if reader is None else reader
     try:
         if "addr" not in reader:
-            env = _grid(r_units, r.num, r.width)
-            addr = _full(evaluate(r.index, env, buffers), shape)
-            rmask = _full(evaluate(r.valid, env, buffers), shape).astype(bool) if r.valid is not None \
+            # one memo of subexpression values over the reader's grid: the tries' coordinates are
+            # built from the reader's index and share its subexpressions
+            env, seen = _grid(r_units, r.num, r.width), {}
+            addr = _full(evaluate(r.index, env, buffers, seen), shape)
+            rmask = _full(evaluate(r.valid, env, buffers, seen), shape).astype(bool) if r.valid is not None \
                 else np.ones(shape, bool)
-            reader.update(env=env, addr=addr, rmask=rmask)
-        env, addr, rmask = reader["env"], reader["addr"], reader["rmask"]
-        u1, i1, j1 = (_full(evaluate(e, env, buffers), shape) for e in (c.u, c.i, c.j))
+            reader.update(env=env, addr=addr, rmask=rmask, seen=seen)
+        env, addr, rmask, seen = reader["env"], reader["addr"], reader["rmask"], reader["seen"]
+        u1, i1, j1 = (_full(evaluate(e, env, buffers, seen), shape) for e in (c.u, c.i, c.j))
         inside = member_mask(u1, w_units) & (i1 >= 0) & (i1 < w.num) & (j1 >= 0) & (j1 < w.width)
         wenv = {"u": np.where(inside, u1, w_units[0] if len(w_units) else 0), "i": np.where(inside, i1, 0),
                 "j": np.where(inside, j1, 0)}
-        waddr = _full(evaluate(w.index, wenv, buffers), shape)
-        wvalid = _full(evaluate(w.valid, wenv, buffers), shape).astype(bool) if w.valid is not None else True
+        wseen: dict = {}   # the writer's index and valid share subexpressions too
+        waddr = _full(evaluate(w.index, wenv, buffers, wseen), shape)
+        wvalid = _full(evaluate(w.valid, wenv, buffers, wseen), shape).astype(bool) if w.valid is not None else True
     except KeyError:      # a gather index from runtime data: cannot be decided statically
         return None
     hit = inside & (waddr == addr) & wvalid
