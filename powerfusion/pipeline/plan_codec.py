@@ -1,8 +1,8 @@
 """Plan-cache entries as plain JSON data: nothing read from a cache can run code.
 
 A value is written as JSON; a frozen dataclass of the GIR / search vocabulary as
-`{"$": class name, field: value, ...}` (fields in name order) and an enum as
-`{"$": name, "v": int}`. An index subexpression (BinOp, Select, Load) written before in the
+`{"$": class name, field: value, ...}` (fields in name order), an enum as
+`{"$": name, "v": int}` and a numpy dtype (a cast's target) as `{"$": "dtype", "v": name}`. An index subexpression (BinOp, Select, Load) written before in the
 same entry is written again as `{"$": "ref", "v": n}`, n counting the subexpressions in the
 order their writing finished: composed index maps repeat subexpressions so often that the
 expanded trees of one Swin subgraph took 33 MB. Reading resolves a reference only to a
@@ -43,6 +43,11 @@ _BASE = (Const, Var, BinOp, Select, Load, Parallel, Buffer, MemorySlice, Element
          Move, Sync, GOp, GIRGraph)
 _ENUMS = {"Level": Level, "Scope": Scope}
 _REDUCE_FNS = frozenset({"sum", "max", "min", "prod", "sumexp"})
+# numpy dtypes a plan may name as values (an elementwise cast's `to`): written by name; without
+# them every subgraph holding a cast (fp16 models' fp32 islands) stayed out of the disk cache,
+# and a forked search worker's decision for it was lost and searched again in the parent
+_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                     "float16", "float32", "float64"})
 
 
 def _classes() -> dict[str, type]:
@@ -70,6 +75,8 @@ def _encode(x, refs: dict, classes):
         return _encode(float(x), refs, classes)
     if isinstance(x, (tuple, list)):
         return [_encode(v, refs, classes) for v in x]
+    if isinstance(x, np.dtype) and x.name in _DTYPES:   # a cast's target type
+        return {"$": "dtype", "v": x.name}
     if dataclasses.is_dataclass(x) and type(x).__name__ in classes:
         shared = isinstance(x, _SHARED_EXPRS)
         if shared and x in refs:
@@ -116,6 +123,10 @@ def _decode(d, classes, refs: list):
         if d.get("v") not in ("inf", "-inf", "nan"):
             raise CodecError("bad float")
         return float(d["v"])
+    if name == "dtype":
+        if not isinstance(d.get("v"), str) or d["v"] not in _DTYPES or len(d) != 2:
+            raise CodecError(f"unknown dtype {d.get('v')!r}")
+        return np.dtype(d["v"])
     if name in _ENUMS:
         try:
             return _ENUMS[name](d["v"])

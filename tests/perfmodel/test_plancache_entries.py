@@ -115,3 +115,30 @@ def test_a_reference_resolves_only_to_a_subexpression_read_before_it():
         except CodecError:
             continue
         raise AssertionError(f"decoded {hostile}")
+
+
+def test_a_plan_with_a_cast_is_stored_and_reads_back(cache):
+    """A cast names its target as a numpy dtype: such plans (every fp16 model's fp32 islands)
+    were once kept in memory only, and a search worker's decision for them was lost."""
+    g = h.make_graph([h.make_node("Cast", ["x"], ["c"], to=T.FLOAT16), h.make_node("Relu", ["c"], ["y"])], "cast",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4, 64])], [h.make_tensor_value_info("y", T.FLOAT16, [4, 64])])
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    sub = partition_graph(graph, "cuda").subgraphs[0]
+    choice = choose_plan(sub, graph, H100, limit=4, beam=2)
+    assert any(op.args.params for op in choice.graph.ops if type(op.args).__name__ == "Elementwise")
+    key = plancache.structural_key(sub, graph, H100)
+    assert plancache._path(key).is_file()
+    plancache.clear_memo()
+    hit = plancache.lookup(key, sub, graph, H100)
+    assert hit is not None and hit.source == "disk" and hit.graph.ops == choice.graph.ops
+
+
+def test_the_codec_reads_only_known_dtypes():
+    assert decode({"$": "dtype", "v": "float16"}) == np.dtype("float16")
+    for hostile in ({"$": "dtype", "v": "object"}, {"$": "dtype", "v": "O"}, {"$": "dtype", "v": "float32", "x": 1},
+                    {"$": "dtype", "v": ["float32"]}):
+        try:
+            decode(hostile)
+        except CodecError:
+            continue
+        raise AssertionError(f"decoded {hostile}")
