@@ -61,7 +61,7 @@ TORCHVISION = ("alexnet", "convnext_tiny", "convnext_small", "densenet121", "den
                "shufflenet_v2_x2_0", "squeezenet1_0", "squeezenet1_1", "swin_t", "swin_s", "swin_v2_t", "vgg11",
                "vgg11_bn", "vgg13_bn", "vit_b_16", "vit_b_32", "wide_resnet50_2")
 TRANSFORMERS = ("bert", "gpt2", "distilbert", "llama", "vit_hf", "roberta", "t5_small_encoder",
-                "whisper_tiny_encoder")
+                "whisper_tiny_encoder", "albert", "electra", "deberta_v2", "bart", "qwen2")
 IMAGE = (1, 3, 224, 224)
 SEQ = 64
 
@@ -71,16 +71,47 @@ SEQ = 64
 def _torchvision(name: str):
     """Random weights as benchmarks/zoo_models.py sets them: constant parameters (zero biases,
     ViT's zero head) perturbed and BatchNorm statistics from random batches, so the output is
-    neither zero nor constant and a relative error means something."""
+    neither zero nor constant and a relative error means something. Segmentation models give
+    their "out" map, video models take 16 frames at their weights' crop size, RAFT two images
+    stacked in one input at its 128x128 minimum and gives its last flow estimate."""
     import torch
     import torchvision
     from models.weights import calibrate_batchnorm, perturb_uniform_parameters
     torch.manual_seed(0)
-    kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
-    model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    model, shape, calibration = _torchvision_model(torchvision.models, name)
     perturb_uniform_parameters(model)
-    calibrate_batchnorm(model, torch.randn(4, *IMAGE[1:]))
-    return model.eval(), (torch.randn(*IMAGE, generator=torch.Generator().manual_seed(1)),), ["image"]
+    calibrate_batchnorm(model, torch.randn(calibration, *shape[1:]))
+    return model.eval(), (torch.randn(*shape, generator=torch.Generator().manual_seed(1)),), ["image"]
+
+
+def _torchvision_model(tv, name: str):
+    """(model, input shape, calibration batch) of a torchvision model by family."""
+    if name in tv.list_models(module=tv.segmentation):
+        model = getattr(tv.segmentation, name)(weights=None, weights_backbone=None)
+        return _wrapped(model, lambda m, x: m(x)["out"]), IMAGE, 4
+    if name in tv.list_models(module=tv.video):
+        side = 112 if name in ("r3d_18", "mc3_18", "r2plus1d_18") else 224
+        return getattr(tv.video, name)(weights=None), (1, 3, 16, side, side), 2
+    if name in tv.list_models(module=tv.optical_flow):
+        model = getattr(tv.optical_flow, name)(weights=None)
+        return _wrapped(model, lambda m, x: m(x[0:1], x[1:2])[-1]), (2, 3, 128, 128), 2
+    kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+    return getattr(tv, name)(weights=None, **kwargs), IMAGE, 4
+
+
+def _wrapped(model, forward):
+    """`model` behind a module whose forward(x) is forward(model, x): one plain tensor in and
+    out, as exporters want (a segmentation model's dict, RAFT's two images and list of flows)."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return forward(self.model, x)
+    return Wrapped()
 
 
 def _first_output(model, kw: str):
@@ -98,14 +129,40 @@ def _first_output(model, kw: str):
     return FirstOutput().eval()
 
 
+_SMALL = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512}
+
+
+def _text_models(tf) -> dict:
+    """name -> (builder of a model taking input_ids, vocabulary size): small configurations
+    (2 layers, hidden 128) of each architecture; the T5 encoder at t5-small's own size."""
+    return {
+        "bert": (lambda: tf.BertModel(tf.BertConfig(**_SMALL)), 30522),
+        "gpt2": (lambda: tf.GPT2Model(tf.GPT2Config(n_layer=2, n_embd=128, n_head=2, use_cache=False)), 50257),
+        "distilbert": (lambda: tf.DistilBertModel(tf.DistilBertConfig(n_layers=2, dim=128, n_heads=2,
+                                                                       hidden_dim=512)), 30522),
+        "llama": (lambda: tf.LlamaModel(tf.LlamaConfig(num_key_value_heads=1, vocab_size=1000, use_cache=False,
+                                                       **_SMALL)), 1000),
+        "roberta": (lambda: tf.RobertaModel(tf.RobertaConfig(**_SMALL), add_pooling_layer=False), 50265),
+        "t5_small_encoder": (lambda: tf.T5EncoderModel(tf.T5Config(d_model=512, d_kv=64, d_ff=2048, num_layers=6,
+                                                                   num_heads=8, vocab_size=32128)), 32128),
+        "albert": (lambda: tf.AlbertModel(tf.AlbertConfig(embedding_size=64, **_SMALL), add_pooling_layer=False),
+                   30000),
+        "electra": (lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=64, **_SMALL)), 30522),
+        "deberta_v2": (lambda: tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=1000, **_SMALL)), 1000),
+        "bart": (lambda: tf.BartModel(tf.BartConfig(vocab_size=1000, d_model=128, encoder_layers=2, decoder_layers=2,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2,
+                                                    encoder_ffn_dim=512, decoder_ffn_dim=512, use_cache=False)), 1000),
+        "qwen2": (lambda: tf.Qwen2Model(tf.Qwen2Config(num_key_value_heads=1, vocab_size=1000, use_cache=False,
+                                                       **_SMALL)), 1000),
+    }
+
+
 def _transformers(name: str):
-    """Small configurations (2 layers, hidden 128) of each architecture, random weights; the T5
-    and Whisper encoders at t5-small's and whisper-tiny's own sizes (whisper's encoder takes
-    only its full 3000-frame log-mel input)."""
+    """Random weights. Text models from `_text_models`; ViT small at 64x64; the Whisper encoder at
+    whisper-tiny's size (it takes only its full 3000-frame log-mel input)."""
     import torch
     import transformers as tf
     torch.manual_seed(0)
-    small = dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512)
     if name == "whisper_tiny_encoder":
         config = tf.WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536,
                                   decoder_layers=4, decoder_attention_heads=6, decoder_ffn_dim=1536, num_mel_bins=80)
@@ -113,27 +170,15 @@ def _transformers(name: str):
         x = torch.randn(1, 80, 2 * config.max_source_positions, generator=torch.Generator().manual_seed(1))
         return _first_output(model.eval(), "input_features"), (x,), ["input_features"]
     if name == "vit_hf":
-        model = tf.ViTModel(tf.ViTConfig(image_size=64, patch_size=16, **small), add_pooling_layer=False)
+        model = tf.ViTModel(tf.ViTConfig(image_size=64, patch_size=16, **_SMALL), add_pooling_layer=False)
         x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
         return _first_output(model.eval(), "pixel_values"), (x,), ["pixel_values"]
-    if name == "bert":
-        model, vocab = tf.BertModel(tf.BertConfig(**small)), 30522
-    elif name == "gpt2":
-        model, vocab = tf.GPT2Model(tf.GPT2Config(n_layer=2, n_embd=128, n_head=2, use_cache=False)), 50257
-    elif name == "distilbert":
-        model, vocab = tf.DistilBertModel(tf.DistilBertConfig(n_layers=2, dim=128, n_heads=2, hidden_dim=512)), 30522
-    elif name == "roberta":
-        model, vocab = tf.RobertaModel(tf.RobertaConfig(**small), add_pooling_layer=False), 50265
-    elif name == "t5_small_encoder":
-        config = tf.T5Config(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, vocab_size=32128)
-        model, vocab = tf.T5EncoderModel(config), 32128
-    elif name == "llama":
-        config = tf.LlamaConfig(num_key_value_heads=1, vocab_size=1000, use_cache=False, **small)
-        model, vocab = tf.LlamaModel(config), 1000
-    else:
+    builders = _text_models(tf)
+    if name not in builders:
         raise ValueError(f"unknown transformers model {name!r}")
+    build, vocab = builders[name]
     ids = torch.randint(0, vocab, (1, SEQ), generator=torch.Generator().manual_seed(1))
-    return _first_output(model.eval(), "input_ids"), (ids,), ["input_ids"]
+    return _first_output(build().eval(), "input_ids"), (ids,), ["input_ids"]
 
 
 def export_all(out: Path, names: list[str]) -> None:
