@@ -6,8 +6,9 @@
 Each new move takes the reader's elements that writer w wrote: a condition on the unit
 (folded into the guard) or on the element (a valid mask on both slices: the source is not
 read and the destination not written elsewhere). The condition is chosen among simple
-candidates and checked against the exact element-by-element answer (every element up to
-patterns.SAMPLE_CAP, a fixed sample of reader units with digit probes beyond). The intermediate
+candidates and checked against the exact element-by-element answer over every reader unit; a
+reader larger than patterns.SAMPLE_CAP elements (where other rules look at a sample) is left
+alone, since a sampled check accepted a wrong split (see compose_split). The intermediate
 disappears, so the rule fires only when it does not add gOperators (W*R <= W+R).
 """
 from __future__ import annotations
@@ -82,6 +83,12 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         # elements, beyond it a fixed sample with digit probes (patterns.sampled_units), so that the
         # rule's cost does not grow with the tensor
         check = sampled_units(units[r], p2.count, exprs=(p2.index, pb.index) + tuple(g.ops[w].outputs[0].index for w in ws))
+        if len(check) < len(units[r]):
+            # a sample proves nothing here: the writers' coverage and the chosen conditions held on
+            # it and were wrong on units outside it (swin3d_b's shifted-window roll, a 2x56x56x128
+            # concat of concats: 1152 corner elements read from the wrong writer). Only an
+            # element-by-element check of every reader unit makes the rule exact.
+            return None
         rvalid = eval_over(p2.valid, check, p2.num, p2.width, data).astype(bool).reshape(len(check), -1)
         bvalid = eval_over(pb.valid, check, pb.num, pb.width, data).astype(bool).reshape(len(check), -1)
         if np.any(bvalid & ~rvalid):

@@ -94,6 +94,11 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise blocks: a partial one
     ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise: many row strips
     ((1, 17, 90, 47), (17, 1, 3, 3), (1, 2), (0, 1, 2, 0), (2, 1), 17, False),    # strips, dilated, uneven pads
+    # taps wholly right of the input (dilation > width, DeepLabV3's ASPP at rate 36 on 14x14):
+    # their im2col rows are all zero and must write nothing before them
+    ((1, 32, 64, 16), (64, 32, 1, 3), (1, 1), (0, 400, 0, 400), (1, 400), 1, True),   # tiled
+    ((1, 64, 14, 14), (32, 64, 3, 3), (1, 1), (36, 36, 36, 36), (36, 36), 1, True),   # few blocks
+    ((1, 8, 14, 14), (16, 4, 3, 3), (2, 1), (24, 30, 24, 30), (24, 30), 2, False),    # grouped, strided
 ])
 def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilations, group, bias):
     import onnxruntime as ort

@@ -142,13 +142,16 @@ typedef struct {
   long long n, c, h, w, m, g, kh, kw, oh, ow, sh, sw, dh, dw, ph, pw, rows, nbuf;
 } pf_conv_shape;
 
-/* each tap column kj's valid output columns [los[kj], his[kj]) of a row, computed once a row
-   (two divisions a tap and output row cost more than the row's multiply-adds) */
+/* each tap column kj's valid output columns [los[kj], his[kj]) of a row, 0 <= los <= his <= ow,
+   computed once a row (two divisions a tap and output row cost more than the row's
+   multiply-adds). A tap wholly right of the input (jo >= w: a dilation wider than the input,
+   DeepLabV3's rate-36 ASPP on 14x14) has an empty range at 0: a negative bound made im2col
+   zero the entries before its row, another tap's values or another thread's block. */
 static void pf_tap_ranges(const pf_conv_shape *s, long long *los, long long *his) {
   for (long long kj = 0; kj < s->kw; ++kj) {
     long long jo = kj * s->dw - s->pw;
     los[kj] = jo >= 0 ? 0 : (-jo + s->sw - 1) / s->sw;
-    his[kj] = (s->w - jo + s->sw - 1) / s->sw;
+    his[kj] = jo >= s->w ? 0 : (s->w - jo + s->sw - 1) / s->sw;
     if (his[kj] > s->ow) his[kj] = s->ow;
     if (los[kj] > his[kj]) los[kj] = his[kj];
   }
