@@ -185,7 +185,6 @@ def scale_mask_softmax(suite, b, h, s, causal=False, dtype="float32"):
 def decode_attention(suite, b, h, t, d=64, dtype="float32"):
     """GPT-2 decode step attention over a KV cache: q.K^T (GEMV), scale, softmax, .V (GEMV),
     heads back to [b, 1, h*d]."""
-    import torch
     g = G(dtype)
     q, k, v = g.inp("q", (b, h, 1, d)), g.inp("k", (b, h, t, d)), g.inp("v", (b, h, t, d))
     y = g.out("y", (b, 1, h * d))
@@ -195,6 +194,7 @@ def decode_attention(suite, b, h, t, d=64, dtype="float32"):
     g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), g.const(np.array([b, 1, h * d], np.int64))], y)
 
     def fn(q, k, v):
+        import torch   # the reference only: building the case needs no torch (CPU tests)
         p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
         return (p @ v).transpose(1, 2).reshape(b, 1, h * d)
     return BenchCase(suite, f"decode_attention_b{b}_h{h}_t{t}", dtype, g.model("decode_attn"),
@@ -207,7 +207,6 @@ def decode_attention_gqa(suite, b, h, hkv, t, d=128, dtype="float32"):
     KV head read by g = h / hkv query heads. The query is stored grouped by KV head,
     [b, hkv, g, d] (the same memory as [b, h, 1, d]), so each group is one [g, t] product against
     its KV head, as grouped-query decode kernels compute it (no repeat of K and V)."""
-    import torch
     g_ = G(dtype)
     grp = h // hkv
     q, k, v = g_.inp("q", (b, hkv, grp, d)), g_.inp("k", (b, hkv, t, d)), g_.inp("v", (b, hkv, t, d))
@@ -218,6 +217,7 @@ def decode_attention_gqa(suite, b, h, hkv, t, d=128, dtype="float32"):
     g_.op("Reshape", [o, g_.const(np.array([b, 1, h * d], np.int64))], y)
 
     def fn(q, k, v):
+        import torch   # the reference only: building the case needs no torch (CPU tests)
         p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
         return (p @ v).reshape(b, 1, h * d)
     return BenchCase(suite, f"decode_attention_gqa_b{b}_h{h}_kv{hkv}_t{t}", dtype, g_.model("decode_attn_gqa"),
