@@ -21,9 +21,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from powerfusion.basic import (LIBRARY_OPS, BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Reshape, Slice,
-                               TensorInfo, Transpose)
+from powerfusion.basic import (
+    LIBRARY_OPS,
+    BasicGraph,
+    BasicNode,
+    Broadcast,
+    Elementwise,
+    MatMul,
+    Reshape,
+    Slice,
+    TensorInfo,
+    Transpose,
+)
 from powerfusion.frontend.partition import is_library
+from powerfusion.names import fresh_name
 
 DTYPES = ("float16", "bfloat16", "float32")
 _MOVES = (Reshape, Transpose, Slice)
@@ -56,13 +67,13 @@ def _bias_add(graph: BasicGraph, mm: BasicNode):
     other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
     if other == y:
         return None
-    found = _constant_vector(graph, other, int(info.shape[-1]))
+    found = constant_vector(graph, other, int(info.shape[-1]))
     if found is None or found[1].dtype != np.dtype(info.dtype) or not _only_moves_read(graph, add.outputs[0]):
         return None
     return (add, *found)
 
 
-def _constant_vector(graph: BasicGraph, t: str, n: int) -> tuple[str, np.ndarray] | None:
+def constant_vector(graph: BasicGraph, t: str, n: int) -> tuple[str, np.ndarray] | None:
     """(the constant, its values as a [n] vector) where `t` is a constant (or a Broadcast of one)
     varying over the last axis alone, else None."""
     src = graph.producer().get(t)
@@ -96,18 +107,16 @@ def _only_moves_read(graph: BasicGraph, t: str) -> bool:
 
 def _fold(graph: BasicGraph, mm: BasicNode, add: BasicNode, name: str, vector: np.ndarray) -> None:
     if graph.tensors[name].shape != vector.shape:   # a [1, ..., N] constant: its [N] copy
-        name = _fresh(graph, f"{mm.outputs[0]}_bias")
-        graph.constants[name] = vector
-        graph.tensors[name] = TensorInfo(name, (int(vector.shape[0]),), vector.dtype)
+        name = new_constant(graph, f"{mm.outputs[0]}_bias", vector)
     op = MatMul(mm.op.trans_a, mm.op.trans_b, bias=True)
     fused = BasicNode(mm.name, op, (mm.inputs[0], mm.inputs[1], name), add.outputs, mm.origin)
     graph.tensors.pop(mm.outputs[0], None)
     graph.nodes = [fused if n is mm else n for n in graph.nodes if n is not add]
-    _drop_unread(graph)
+    drop_unread_broadcasts(graph)
 
 
-def _drop_unread(graph: BasicGraph) -> None:
-    """Broadcasts of the bias that nothing reads any more."""
+def drop_unread_broadcasts(graph: BasicGraph) -> None:
+    """Broadcasts (of a bias) that nothing reads any more."""
     while True:
         read = {t for n in graph.nodes for t in n.inputs} | {t.name for t in graph.outputs}
         dead = [n for n in graph.nodes if isinstance(n.op, Broadcast) and not any(t in read for t in n.outputs)]
@@ -119,9 +128,14 @@ def _drop_unread(graph: BasicGraph) -> None:
         graph.nodes = [n for n in graph.nodes if all(n is not d for d in dead)]
 
 
-def _fresh(graph: BasicGraph, base: str) -> str:
-    name, k = base, 0
-    while name in graph.tensors or name in graph.constants:
-        k += 1
-        name = f"{base}_{k}"
+def new_tensor(graph: BasicGraph, base: str, shape, dtype) -> str:
+    """A tensor named after `base` that the graph does not have yet, registered."""
+    name = fresh_name(base, set(graph.tensors) | set(graph.constants))
+    graph.tensors[name] = TensorInfo(name, tuple(int(d) for d in shape), dtype)
+    return name
+
+
+def new_constant(graph: BasicGraph, base: str, value: np.ndarray) -> str:
+    name = new_tensor(graph, base, value.shape, value.dtype)
+    graph.constants[name] = value
     return name

@@ -23,7 +23,20 @@ from collections import defaultdict
 
 import numpy as np
 
-from powerfusion.basic import BasicGraph, BasicNode, Broadcast, Elementwise, MatMul, Slice, TensorInfo
+from powerfusion.basic import (
+    BasicGraph,
+    BasicNode,
+    Broadcast,
+    Elementwise,
+    MatMul,
+    Slice,
+)
+from powerfusion.frontend.gemm_bias import (
+    constant_vector,
+    drop_unread_broadcasts,
+    new_constant,
+    new_tensor,
+)
 from powerfusion.frontend.partition import is_library
 
 
@@ -61,15 +74,15 @@ def _merge(graph: BasicGraph, members: list[BasicNode]) -> None:
     widths = [int(w.shape[axis]) for w in weights]
     first = graph.tensors[members[0].outputs[0]]
     lead, dtype = tuple(int(d) for d in first.shape[:-1]), first.dtype
-    names = _Names(graph, members[0].outputs[0])
-    w = names.constant("weights", np.ascontiguousarray(np.concatenate(weights, axis=axis)))
-    y = names.tensor("merged", lead + (sum(widths),), dtype)
+    base = members[0].outputs[0]
+    w = new_constant(graph, f"{base}_weights", np.ascontiguousarray(np.concatenate(weights, axis=axis)))
+    y = new_tensor(graph, f"{base}_merged", lead + (sum(widths),), dtype)
     new = [BasicNode(members[0].name, MatMul(trans_b=trans_b), (members[0].inputs[0], w), (y,), members[0].origin)]
     biases = _bias_adds(graph, members)
     if biases is not None:
-        vector = names.constant("bias", np.concatenate([v for _, v in biases]))
-        wide = names.tensor("bias_wide", lead + (sum(widths),), dtype)
-        summed = names.tensor("biased", lead + (sum(widths),), dtype)
+        vector = new_constant(graph, f"{base}_bias", np.concatenate([v for _, v in biases]))
+        wide = new_tensor(graph, f"{base}_bias_wide", lead + (sum(widths),), dtype)
+        summed = new_tensor(graph, f"{base}_biased", lead + (sum(widths),), dtype)
         new += [BasicNode(f"{members[0].name}_bias", Broadcast(lead + (sum(widths),)), (vector,), (wide,),
                           members[0].origin),
                 BasicNode(f"{members[0].name}_add", Elementwise("add"), (y, wide), (summed,), members[0].origin)]
@@ -89,13 +102,13 @@ def _merge(graph: BasicGraph, members: list[BasicNode]) -> None:
     rest = [n for n in graph.nodes if id(n) not in gone]
     at = sum(1 for n in graph.nodes[:at] if id(n) not in gone)
     graph.nodes = rest[:at] + new + rest[at:]
-    _drop_unread_broadcasts(graph)
+    drop_unread_broadcasts(graph)
 
 
 def _bias_adds(graph: BasicGraph, members: list[BasicNode]):
     """[(the add, its bias vector)] per member where each member's only reader adds a constant
     vector over the last axis; None where any does not."""
-    consumers, producer = graph.consumers(), graph.producer()
+    consumers = graph.consumers()
     outputs = {t.name for t in graph.outputs}
     found = []
     for m in members:
@@ -107,46 +120,8 @@ def _bias_adds(graph: BasicGraph, members: list[BasicNode]):
         if not isinstance(add.op, Elementwise) or add.op.fn != "add" or len(add.inputs) != 2:
             return None
         other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
-        src = producer.get(other)
-        if src is not None and isinstance(src.op, Broadcast):
-            other = src.inputs[0]
-        c = graph.constants.get(other)
-        n = graph.tensors[y].shape[-1]
-        if c is None or np.ndim(c) == 0 or np.shape(c)[-1] != n or np.size(c) != n or \
-                np.dtype(c.dtype) != np.dtype(graph.tensors[y].dtype):
+        vector = constant_vector(graph, other, int(graph.tensors[y].shape[-1]))
+        if vector is None or vector[1].dtype != np.dtype(graph.tensors[y].dtype):
             return None
-        found.append((add, np.asarray(c).reshape(n)))
+        found.append((add, vector[1]))
     return found
-
-
-def _drop_unread_broadcasts(graph: BasicGraph) -> None:
-    read = {t for n in graph.nodes for t in n.inputs} | {t.name for t in graph.outputs}
-    dead = [n for n in graph.nodes if isinstance(n.op, Broadcast) and not any(t in read for t in n.outputs)]
-    for n in dead:
-        for t in n.outputs:
-            graph.tensors.pop(t, None)
-    graph.nodes = [n for n in graph.nodes if all(n is not d for d in dead)]
-
-
-class _Names:
-    """Tensor names for one rewrite that no tensor or constant of the graph has."""
-
-    def __init__(self, graph: BasicGraph, base: str):
-        self.graph, self.base = graph, base
-
-    def _fresh(self, what: str) -> str:
-        name, k = f"{self.base}_{what}", 0
-        while name in self.graph.tensors or name in self.graph.constants:
-            k += 1
-            name = f"{self.base}_{what}_{k}"
-        return name
-
-    def tensor(self, what: str, shape, dtype) -> str:
-        name = self._fresh(what)
-        self.graph.tensors[name] = TensorInfo(name, tuple(shape), dtype)
-        return name
-
-    def constant(self, what: str, value: np.ndarray) -> str:
-        name = self.tensor(what, value.shape, value.dtype)
-        self.graph.constants[name] = value
-        return name

@@ -77,7 +77,7 @@ def available() -> bool:
 class _Call:
     """One shape's descriptors and algorithm (kept alive with the handle)."""
 
-    def __init__(self, lt: "BlasLt", dtype: int, m: int, n: int, k: int, trans_a: bool, trans_b: bool,
+    def __init__(self, lt: BlasLt, dtype: int, m: int, n: int, k: int, trans_a: bool, trans_b: bool,
                  bias_ptr: int, aligns: tuple[int, ...]):
         lib = lt.lib
         self.desc = ctypes.c_void_p()
@@ -91,19 +91,7 @@ class _Call:
         self.a = lt.layout(dtype, *((k, n, k) if trans_b else (n, k, n)))
         self.b = lt.layout(dtype, *((m, k, m) if trans_a else (k, m, k)))
         self.c = lt.layout(dtype, n, m, n)
-        pref = ctypes.c_void_p()
-        lt.check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
-        lt.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_WORKSPACE, ctypes.byref(
-            ctypes.c_uint64(WORKSPACE_BYTES)), 8), "MatmulPreferenceSetAttribute")
-        for attr, align in zip(_PREF_ALIGN, aligns):
-            lt.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(ctypes.c_uint32(align)), 4),
-                     "MatmulPreferenceSetAttribute")
-        found, count = _Heuristic(), ctypes.c_int(0)
-        status = lib.cublasLtMatmulAlgoGetHeuristic(lt.handle, self.desc, self.a, self.b, self.c, self.c, pref, 1,
-                                                    ctypes.byref(found), ctypes.byref(count))
-        if status != 0 or count.value < 1:
-            raise BlasLtError(f"no cuBLASLt bias-epilogue algorithm for {m}x{n}x{k} (status {status})")
-        self.algo = found.algo
+        self.algo = lt.heuristic(self.desc, self.a, self.b, self.c, aligns, f"bias-epilogue {m}x{n}x{k}")
 
 
 class BlasLt:
@@ -134,6 +122,23 @@ class BlasLt:
         out = ctypes.c_void_p()
         self.check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(out), dtype, rows, cols, ld), "MatrixLayoutCreate")
         return out
+
+    def heuristic(self, desc, a, b, c, aligns: tuple[int, ...], what: str) -> _Algo:
+        """cuBLASLt's first algorithm for D = op(A) op(B) with C = D, our workspace, and the
+        pointers' alignments (A, B, C, D); BlasLtError where it has none."""
+        lib, pref = self.lib, ctypes.c_void_p()
+        self.check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
+        self.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_WORKSPACE, ctypes.byref(
+            ctypes.c_uint64(WORKSPACE_BYTES)), 8), "MatmulPreferenceSetAttribute")
+        for attr, align in zip(_PREF_ALIGN, aligns):
+            self.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(ctypes.c_uint32(align)), 4),
+                       "MatmulPreferenceSetAttribute")
+        found, count = _Heuristic(), ctypes.c_int(0)
+        status = lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, 1, ctypes.byref(found),
+                                                    ctypes.byref(count))
+        if status != 0 or count.value < 1:
+            raise BlasLtError(f"no cuBLASLt {what} algorithm (status {status})")
+        return found.algo
 
     def gemm_bias_into(self, a, b, bias, out, stream_ptr: int, *, trans_a: bool = False, trans_b: bool = False,
                        logical_dtype: str | None = None) -> bool:

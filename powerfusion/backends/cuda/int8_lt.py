@@ -14,16 +14,10 @@ import ctypes
 
 import numpy as np
 
-from powerfusion.backends.cuda.blaslt import (
-    WORKSPACE_BYTES,
-    BlasLtError,
-    _alignment,
-    _Heuristic,
-)
+from powerfusion.backends.cuda.blaslt import WORKSPACE_BYTES, _alignment
 
 _R_8I, _R_32I, _COMPUTE_32I = 3, 10, 72
 _DESC_TRANSA = 3
-_PREF_WORKSPACE, _PREF_ALIGN = 1, (5, 6, 7, 8)
 
 
 class _Call:
@@ -35,19 +29,7 @@ class _Call:
         lt.check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32I, _R_32I), "MatmulDescCreate")
         lt.set_attr(self.desc, _DESC_TRANSA, ctypes.c_int32(1))
         self.w, self.a, self.c = lt.layout(_R_8I, k, n, k), lt.layout(_R_8I, k, m, k), lt.layout(_R_32I, n, m, n)
-        pref = ctypes.c_void_p()
-        lt.check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "MatmulPreferenceCreate")
-        lt.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_WORKSPACE, ctypes.byref(
-            ctypes.c_uint64(WORKSPACE_BYTES)), 8), "MatmulPreferenceSetAttribute")
-        for attr, align in zip(_PREF_ALIGN, aligns):
-            lt.check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(ctypes.c_uint32(align)), 4),
-                     "MatmulPreferenceSetAttribute")
-        found, count = _Heuristic(), ctypes.c_int(0)
-        status = lib.cublasLtMatmulAlgoGetHeuristic(lt.handle, self.desc, self.w, self.a, self.c, self.c, pref, 1,
-                                                    ctypes.byref(found), ctypes.byref(count))
-        if status != 0 or count.value < 1:
-            raise BlasLtError(f"no cuBLASLt int8 algorithm for {m}x{n}x{k} (status {status})")
-        self.algo = found.algo
+        self.algo = lt.heuristic(self.desc, self.w, self.a, self.c, aligns, f"int8 {m}x{n}x{k}")
 
 
 class Int8Lt:
