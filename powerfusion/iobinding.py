@@ -45,7 +45,7 @@ class OrtValue:
     @staticmethod
     def ortvalue_from_numpy(numpy_obj, device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
         device = _device(device_type)
-        array = np.ascontiguousarray(numpy_obj)
+        array = np.asarray(numpy_obj, order="C")
         if device == "cuda":
             import cupy
             with cupy.cuda.Device(device_id):
@@ -104,7 +104,7 @@ class OrtValue:
 
     def update_inplace(self, np_arr) -> None:
         if self._device == "cuda":
-            self._array.set(_bits(np.ascontiguousarray(np_arr)))
+            self._array.set(_bits(np.asarray(np_arr, order="C")))
         else:
             np.copyto(self._array, np_arr)
 

@@ -104,7 +104,8 @@ SCALAR_FNS: dict[str, ScalarFn] = dict([
     _f("fmod", 2, np.fmod, "fmodf({0}, {1})", flops=4),
     _f("rem", 2, np.fmod, "({0} % {1})", flops=4),
     _f("mod", 2, np.mod, "((({0} % {1}) + {1}) % {1})", flops=6),
-    _f("floor_mod", 2, np.mod, "({0} - {1} * floorf({0} / {1}))", flops=8),   # floats, sign of the divisor
+    # floats, the divisor's sign, exactly as numpy (x % inf, -0.0): every dialect defines pf_floor_modf
+    _f("floor_mod", 2, np.mod, "pf_floor_modf({0}, {1})", flops=8),
     # bitwise, on integers
     _f("bitwise_and", 2, np.bitwise_and, "({0} & {1})"),
     _f("bitwise_or", 2, np.bitwise_or, "({0} | {1})"),

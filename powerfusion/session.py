@@ -602,7 +602,7 @@ def conv_nd(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, op: Conv) -> np.
     """ONNX Conv (1-3 spatial dims, grouped, strided, dilated) as im2col + one batched matmul."""
     if op.channels_last:   # NHWC operands (frontend/layout.py): the same conv on NCHW views
         y = conv_nd(np.moveaxis(x, -1, 1), np.moveaxis(w, -1, 1), b, dataclasses.replace(op, channels_last=False))
-        return np.ascontiguousarray(np.moveaxis(y, 1, -1))
+        return np.asarray(np.moveaxis(y, 1, -1), order="C")
     nsp = x.ndim - 2
     n, c = x.shape[:2]
     m, kernel = w.shape[0], w.shape[2:]

@@ -99,7 +99,7 @@ class _Rewriter:
 
     def _constant(self, base: str, value: np.ndarray) -> str:
         name = self._tensor(base, value.shape, value.dtype)
-        self.g.constants[name] = np.ascontiguousarray(value)
+        self.g.constants[name] = np.asarray(value, order="C")
         return name
 
     def _transposed(self, src: str, perm: tuple[int, ...], out: str | None, origin) -> BasicNode:

@@ -84,7 +84,7 @@ def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
     """[N, C, *S] -> [N, C, *O, *K] (a copy); channels-last [N, *S, C] -> [N, *O, *K, C]."""
     if op.channels_last:
         plain = dataclasses.replace(op, channels_last=False)
-        return np.ascontiguousarray(np.moveaxis(window_view(np.moveaxis(x, -1, 1), plain), 1, -1))
+        return np.asarray(np.moveaxis(window_view(np.moveaxis(x, -1, 1), plain), 1, -1), order="C")
     nsp = len(op.kernel)
     widths = [(0, 0), (0, 0)] + list(zip(op.pad_begins, op.pad_ends))
     if x.dtype.kind in "iu" and not np.isfinite(op.pad_value):  # -inf into integers: the lowest value
@@ -98,7 +98,7 @@ def window_view(x: np.ndarray, op: B.Window) -> np.ndarray:
     index = [slice(None), slice(None)]
     index += [slice(0, (o - 1) * s + 1, s) for o, s in zip(outs, op.strides)]
     index += [slice(None, None, d) for d in op.dilations]
-    return np.ascontiguousarray(full[tuple(index)])
+    return np.asarray(full[tuple(index)], order="C")
 
 
 def run_matmul(op: B.MatMul, args, dtype):
@@ -119,7 +119,7 @@ def run_conv(op: B.Conv, args, dtype):
     if op.channels_last:   # the same convolution on NCHW views, the output back to NHWC
         plain = dataclasses.replace(op, channels_last=False)
         y = run_conv(plain, [np.moveaxis(args[0], -1, 1), np.moveaxis(args[1], -1, 1), *args[2:]], dtype)
-        return np.ascontiguousarray(np.moveaxis(y, 1, -1))
+        return np.asarray(np.moveaxis(y, 1, -1), order="C")
     x, w = _wide(args[0]), _wide(args[1])
     if np.dtype(dtype).kind in "iu":   # integer convolutions (int8 x int8 -> int32) accumulate exactly
         x, w = x.astype(np.int64), w.astype(np.int64)

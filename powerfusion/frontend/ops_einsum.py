@@ -45,7 +45,7 @@ def _diagonal(cx: NodeCtx, name: str, term: str) -> tuple[str, str]:
     shape = cx.info(name).shape
     index = np.einsum(f"{term}->{unique}", np.arange(int(np.prod(shape, dtype=np.int64))).reshape(shape))
     flat = cx.reshape(name, (cx.info(name).size,))
-    idx = cx.b.constant(np.ascontiguousarray(index).astype(np.int64), hint="diagonal")
+    idx = cx.b.constant(np.asarray(index, order="C").astype(np.int64), hint="diagonal")
     return cx.emit(Gather(0), [flat, idx], index.shape, cx.info(name).dtype), unique
 
 

@@ -124,13 +124,13 @@ def _weighted(cx: NodeCtx, x: str, axis: int, w: np.ndarray) -> str:
     r = len(shape)
     xf = cx.cast(x, w.dtype)
     if axis == r - 1:
-        y = matmul(cx, xf, cx.b.constant(np.ascontiguousarray(w.T), hint="resize_weights"))
+        y = matmul(cx, xf, cx.b.constant(np.asarray(w.T, order="C"), hint="resize_weights"))
     elif axis == r - 2:
         y = matmul(cx, cx.b.constant(w, hint="resize_weights"), xf)
     else:
         perm = [i for i in range(r) if i != axis] + [axis]
         t = cx.transpose(xf, perm)
-        y = matmul(cx, t, cx.b.constant(np.ascontiguousarray(w.T), hint="resize_weights"))
+        y = matmul(cx, t, cx.b.constant(np.asarray(w.T, order="C"), hint="resize_weights"))
         inverse = [perm.index(i) for i in range(r)]
         y = cx.transpose(y, inverse)
     return cx.cast(y, dt)

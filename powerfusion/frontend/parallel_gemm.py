@@ -75,7 +75,7 @@ def _merge(graph: BasicGraph, members: list[BasicNode]) -> None:
     first = graph.tensors[members[0].outputs[0]]
     lead, dtype = tuple(int(d) for d in first.shape[:-1]), first.dtype
     base = members[0].outputs[0]
-    w = new_constant(graph, f"{base}_weights", np.ascontiguousarray(np.concatenate(weights, axis=axis)))
+    w = new_constant(graph, f"{base}_weights", np.asarray(np.concatenate(weights, axis=axis), order="C"))
     y = new_tensor(graph, f"{base}_merged", lead + (sum(widths),), dtype)
     new = [BasicNode(members[0].name, MatMul(trans_b=trans_b), (members[0].inputs[0], w), (y,), members[0].origin)]
     biases = _bias_adds(graph, members)

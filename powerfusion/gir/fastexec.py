@@ -384,7 +384,7 @@ class _Run:
         vals = self._view(store, a, shape)
         if a.mask is not None:
             return np.where(a.mask, vals, store[a.base + lo]), a.mask
-        return np.ascontiguousarray(vals), None
+        return np.asarray(vals, order="C"), None
 
     def write(self, a: _Access, values: np.ndarray, count: int) -> None:
         store = self.storage(a.slice.buffer)

@@ -52,7 +52,7 @@ class _State:
             if b.level == Level.GLOBAL:
                 src = feeds.get(b.name, consts.get(b.name))
                 if src is not None:
-                    a = np.ascontiguousarray(np.asarray(src).astype(dt, copy=False)).reshape(-1).copy()
+                    a = np.asarray(np.asarray(src).astype(dt, copy=False), order="C").reshape(-1).copy()
                     if a.size != b.size:
                         raise ValueError(f"buffer '{b.name}' holds {b.size} elements, fed {a.size}")
                 else:

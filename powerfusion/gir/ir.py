@@ -301,7 +301,7 @@ def units_key(units) -> tuple:
 
 
 def _digest(units) -> tuple:
-    a = np.ascontiguousarray(units, dtype=np.int64)
+    a = np.asarray(units, dtype=np.int64, order="C")
     if a.size == 0:
         return (0,)
     return (a.size, int(a[0]), int(a[-1]), hashlib.blake2b(a.data, digest_size=16).digest())

@@ -153,6 +153,8 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
         with timer("gemm bias"):
             if fold_gemm_bias(graph, target):
                 read_through_reshapes(graph)
+    from powerfusion.frontend.empty_reductions import fold_empty_reductions
+    fold_empty_reductions(graph)   # a reduction over nothing is its identity, on every target
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
         _refuse_cpu_only(graph)

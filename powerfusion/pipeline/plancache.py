@@ -66,7 +66,7 @@ def structural_key(sub: Subgraph, graph: BasicGraph, t: TargetSpec) -> str:
             v = np.asarray(graph.constants[name])
             h.update(b"c")
             if v.dtype.kind in "iub":
-                h.update(np.ascontiguousarray(v).tobytes())
+                h.update(np.asarray(v, order="C").tobytes())
     h.update(f"in{[ids[x] for x in sub.inputs]}out{[ids[x] for x in sub.outputs]}".encode())
     return h.hexdigest()
 

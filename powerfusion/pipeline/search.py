@@ -101,6 +101,8 @@ def _search_in_pool(subs, graph, t, jobs, kw) -> None:
     decision to the disk cache, where the parent's choose_plan finds it."""
     import multiprocessing as mp
     global _POOL_ARGS
+    if mp.current_process().daemon:   # inside a multiprocessing.Pool worker, which may not fork children
+        return                           # (a user's pool, or a precompile run): search in this process
     try:
         ctx = mp.get_context("fork")
     except ValueError:  # no fork on this platform: search in this process

@@ -194,7 +194,7 @@ def _rewrite(node, producers, inits, types, fresh, g):
     w_name = pw[0]
     if trans_b:
         w_name = fresh("pf_q_weight_t")
-        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), w_name))
+        g.initializer.append(numpy_helper.from_array(np.asarray(w.T, order="C"), w_name))
     scale_name = fresh("pf_q_scale")
     scale = (a_scale.astype(np.float32).reshape(()) * w_scale.astype(np.float32).reshape(-1)).astype(np.float32)
     g.initializer.append(numpy_helper.from_array(scale if scale.size > 1 else scale.reshape(()), scale_name))

@@ -153,7 +153,7 @@ def _key(g: GIRGraph) -> tuple:
     data = hashlib.sha256()
     for name, arr in g.constants:
         data.update(name.encode())
-        data.update(np.ascontiguousarray(arr).tobytes())
+        data.update(np.asarray(arr, order="C").tobytes())
     return g.parallel, g.buffers, g.ops, g.inputs, g.outputs, data.hexdigest()
 
 

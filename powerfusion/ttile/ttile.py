@@ -81,7 +81,7 @@ def slice_tile(t: TTile, index: tuple[int, ...], shape: tuple[int, ...],
     if out_shape is not None:
         data = data.reshape(out_shape)
         shared = None if shared is None else shared.reshape(*out_shape[:-1], -1)
-    return TTile(t.dtype, np.ascontiguousarray(data), shared)
+    return TTile(t.dtype, np.asarray(data, order="C"), shared)
 
 
 def map_tile(t: TTile, fn: Callable[..., tuple], out_shape: tuple[int, ...] | None = None) -> TTile:

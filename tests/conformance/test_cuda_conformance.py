@@ -275,7 +275,7 @@ def test_cuda_node_case(name, store):
     case = all_cases()[name]
     t0 = time.perf_counter()
     outcome, source = run_cuda_case(case, store)
-    reason = excluded_reason(name, case.model)
+    reason = excluded_reason(name, case.model, "cuda")
     record(outcome, case, source, time.perf_counter() - t0, reason)
     if reason:
         assert outcome.bug or outcome.status in DECLINED, \

@@ -146,6 +146,28 @@ def test_choose_plans_spreads_distinct_structures_over_processes(cache):
     assert len(list((cache / "plans").glob("*.json"))) == 2
 
 
+def _choose_two_in_worker(graph_and_subs):
+    from powerfusion.pipeline.search import choose_plans
+    graph, subs = graph_and_subs
+    return [c.source for c in choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)]
+
+
+def test_choose_plans_inside_a_pool_worker_searches_in_process(cache):
+    """A multiprocessing.Pool worker is daemonic and may not fork children: choose_plans there
+    searches in its own process (it raised "daemonic processes are not allowed to have
+    children", found by a precompile run of the conformance cases)."""
+    import multiprocessing as mp
+    nodes = [h.make_node("LayerNormalization", ["x1", "g", "b"], ["y1"], axis=-1),
+             h.make_node("Softmax", ["x2"], ["y2"], axis=-1)]
+    inits = [h.make_tensor(n, T.FLOAT, [N], np.ones(N, np.float32)) for n in ("g", "b")]
+    g = h.make_graph(nodes, "two", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
+                     [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
+    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    with mp.get_context("fork").Pool(1) as pool:
+        sources = pool.map(_choose_two_in_worker, [(graph, _separate_subgraphs(graph))])[0]
+    assert sources == ["search", "search"]
+
+
 def test_merged_plan_runs_when_every_rewrite_is_rejected(two_layernorms, cache, monkeypatch):
     import powerfusion.rewrite as rw
 

@@ -113,7 +113,7 @@ class RunBuilder:
         """`T[k]` for a tensor a step reads: a constant's own array, or one fed or made."""
         if name in self.graph.constants:
             info = self.graph.tensors[name]
-            a = np.ascontiguousarray(np.asarray(self.graph.constants[name]), dtype=np.dtype(info.dtype))
+            a = np.asarray(np.asarray(self.graph.constants[name]), dtype=np.dtype(info.dtype), order="C")
             return f"T[{self.table.static(a, 'const:' + name)}]"
         if name not in self.made:
             self.read[name] = np.dtype(self.graph.tensors[name].dtype)
@@ -327,7 +327,7 @@ class Driver:
         for t, slot, dtype in self._inputs:
             a = env[t]
             if a.dtype != dtype or not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a, dtype=dtype)
+                a = np.asarray(a, dtype=dtype, order="C")
                 held.append(a)
             table[slot] = a.ctypes.data
         for t, slot, shape, dtype in self._fresh:

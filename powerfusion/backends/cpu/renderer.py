@@ -73,13 +73,15 @@ static inline float pf_int_as_float(uint32_t b) { float f; memcpy(&f, &b, 4); re
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 /* ONNX max/min/Relu/Clip propagate NaN (C's fmaxf/fminf drop it); as selects, not fmaxf calls, so that
    the element loops vectorise (a ReLU: 8 -> 0.8 ns an element); Python-style float Mod */
 static inline float pf_fmaxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline float pf_fminf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 static inline double pf_fmax(double a, double b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 static inline double pf_fmin(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
-static inline float pf_floor_modf(float a, float b) { float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+static inline float pf_floor_modf(float a, float b) { const float r = fmodf(a, b); return r != 0.0f ? (((r < 0.0f) != (b < 0.0f)) ? r + b : r) : (b < 0.0f ? -0.0f : 0.0f); }
+static inline double pf_floor_mod(double a, double b) { const double r = fmod(a, b); return r != 0.0 ? (((r < 0.0) != (b < 0.0)) ? r + b : r) : (b < 0.0 ? -0.0 : 0.0); }
 /* floored division and modulo (GIR semantics); divisors are positive constants */
 static inline long long pf_floordiv(long long a, long long b) { long long q = a / b; return q - ((a % b) < 0); }
 static inline long long pf_mod(long long a, long long b) { long long r = a % b; return r + (r < 0 ? b : 0); }
@@ -158,8 +160,6 @@ class CPURenderer(CRenderer):
         # zero divisor with a DataError, as onnxruntime does, so such a subgraph stays there
         if fn in ("div", "rem", "mod") and not out_dtype.startswith(("float", "bfloat")):
             raise RenderError(f"integer {fn} ({out_dtype}) runs on the GIR executor, which checks the divisor")
-        if fn == "floor_mod":
-            return f"pf_floor_modf({operands[0]}, {operands[1]})"
         text = super().scalar(fn, params, operands, out_dtype)   # NaN-propagating max/min (pf_fmaxf)
         if out_dtype != "float64":   # float64 keeps libm (the inline forms are float32's)
             text = _INLINE_MATH.sub(r"pf_\1(", text)

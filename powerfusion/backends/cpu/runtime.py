@@ -61,7 +61,7 @@ class NativeGraph:
             if b.level != Level.GLOBAL or b.name not in self._slot:
                 continue
             if b.name in consts:
-                self._bind(b.name, np.ascontiguousarray(np.asarray(consts[b.name]).astype(np_dtype(b.dtype)).reshape(-1)))
+                self._bind(b.name, np.asarray(np.asarray(consts[b.name]).astype(np_dtype(b.dtype)).reshape(-1), order="C"))
             elif b.name not in interface:
                 self._bind(b.name, np.empty(b.size, np_dtype(b.dtype)))
         self._reused: dict[str, np.ndarray] = {}
@@ -90,7 +90,7 @@ class NativeGraph:
                 continue   # unused here, or a constant the graph holds
             a = feeds[name]
             if a.dtype != dtype or not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a, dtype=dtype)
+                a = np.asarray(a, dtype=dtype, order="C")
             if a.size < size:   # an empty tensor: the buffer still holds one element
                 a = np.zeros(size, dtype)
             held.append(a)

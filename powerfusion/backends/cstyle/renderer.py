@@ -88,7 +88,8 @@ class CRenderer:
         if fn == "cast":
             return self.convert(operands[0], "float32", out_dtype) if out_dtype in self.from_float else \
                 f"({self.ctype[out_dtype]})({operands[0]})"
-        return nan_propagating(tmpl.format(*operands, **kw))
+        text = nan_propagating(tmpl.format(*operands, **kw))
+        return double_precision(text) if out_dtype == "float64" else text
 
 
 # C's fmaxf/fminf return the other operand when one is NaN; ONNX Max/Min/Relu/Clip (and numpy,
@@ -101,6 +102,20 @@ def nan_propagating(text: str) -> str:
     """`text` with C's NaN-dropping max/min replaced by the dialect's NaN-propagating helpers
     (idempotent: a helper's name is not matched again)."""
     return _NAN_DROPPING.sub(r"pf_\1(", text)
+
+
+# The scalar templates are written for float32 (expf, 1.0f); C and CUDA would compute a float64
+# operation through them in float32 (expf(double) converts its argument). A float64 result takes
+# the double-precision names and literals instead; pf_floor_mod / pf_fmax / pf_fmin are every
+# dialect's double helpers.
+_FLOAT_NAMES = re.compile(r"(?<![\w])(acos|acosh|asin|asinh|atan|atanh|ceil|cos|cosh|erf|exp|fabs|floor|fmod|log|pow|"
+                          r"rint|rsqrt|sin|sinh|sqrt|tan|tanh|pf_floor_mod|pf_fmax|pf_fmin)f\(")
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)f(?![\w])")
+
+
+def double_precision(text: str) -> str:
+    """`text` with float32 math names and literals in their float64 spelling."""
+    return _FLOAT_LITERAL.sub(r"\1", _FLOAT_NAMES.sub(r"\1(", text))
 
 
 def _dtype_name(v) -> str:

@@ -123,8 +123,8 @@ def _load(folder, name: str) -> np.ndarray:
 def _device_array(host: np.ndarray, dt: np.dtype) -> np.ndarray:
     """A saved constant in the device's layout: bf16 (ml_dtypes, or raw 2-byte records) as uint16 bits."""
     if host.dtype.name == "bfloat16" or (host.dtype.kind == "V" and host.dtype.itemsize == 2):
-        return np.ascontiguousarray(host).view(np.uint16)
-    return np.ascontiguousarray(host.astype(dt, copy=False))
+        return np.asarray(host, order="C").view(np.uint16)
+    return np.asarray(host.astype(dt, copy=False), order="C")
 
 
 def _load_kernel(folder, k: dict) -> dict:

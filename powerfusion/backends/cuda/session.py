@@ -627,7 +627,7 @@ def _to_host(value, dtype):
 
 
 def _to_device_layout(a: np.ndarray) -> np.ndarray:
-    return a.view(np.uint16) if a.dtype.name == "bfloat16" else np.ascontiguousarray(a)
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else np.asarray(a, order="C")
 
 
 def _step_io(s):

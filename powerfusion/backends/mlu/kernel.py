@@ -352,6 +352,7 @@ __mlu_func__ int pf_ifloordiv(int a, int b) {{ return (a - pf_ifloormod(a, b)) /
 // ONNX max/min/Relu/Clip propagate NaN; fmaxf/fminf and compare-selects drop it
 __mlu_func__ float pf_fmaxf(float a, float b) {{ return (a != a || b != b) ? a + b : (a > b ? a : b); }}
 __mlu_func__ float pf_fminf(float a, float b) {{ return (a != a || b != b) ? a + b : (a < b ? a : b); }}
+__mlu_func__ float pf_floor_modf(float a, float b) {{ const float r = fmodf(a, b); return r != 0.0f ? (((r < 0.0f) != (b < 0.0f)) ? r + b : r) : (b < 0.0f ? -0.0f : 0.0f); }}
 #endif
 {helpers}
 __mlu_entry__ void {name}({params}) {{
