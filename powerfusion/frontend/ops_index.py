@@ -2,7 +2,9 @@
 
 * ArgMax / ArgMin / Hardmax: the extreme value by a reduce, then the first (or last)
   position holding it by a min (max) reduce over `where(x == extreme, position, sentinel)`.
-* ScatterND / ScatterElements with constant indices: the output is a Gather from
+* ScatterND into a strided box (torch's slice assignment): the data's slices and the updates
+  concatenated, or the updates spread by one small Gather per axis and a Where; no index map.
+* ScatterND / ScatterElements with other constant indices: the output is a Gather from
   concat(flat data, flat updates) by an index map computed here once (last write wins,
   as in ONNX with reduction 'none'); with a reduction, data is combined with one Gather
   of the updates per round of writes to the same position, in ONNX's order.
@@ -151,7 +153,82 @@ def _gather_from(cx: NodeCtx, sources: list[str], index_map: np.ndarray, out: st
 
 
 def convert_scatter_nd(cx: NodeCtx):
-    _scatter(cx, scatter_nd_writes(cx.shape(0), np.asarray(cx.const(1)), cx.shape(2)))
+    indices = np.asarray(cx.const(1))
+    box = scatter_nd_box(cx.shape(0), indices) if cx.attr("reduction", "none") == "none" else None
+    if box is not None:
+        _scatter_box(cx, *box)
+        return
+    _scatter(cx, scatter_nd_writes(cx.shape(0), indices, cx.shape(2)))
+
+
+def scatter_nd_box(data_shape, indices: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(starts, steps) where ScatterND's indices write a strided box of the data's first k axes:
+    indices shaped [n_0, .., n_{k-1}, k] with indices[p][j] = start_j + step_j * p_j, every one
+    inside its axis; None otherwise. torch's slice assignment (`x[a:b:s] = u`, the dynamo
+    exporter's slice_scatter) exports as such a box: arange(a, b, s)[:, None], the sliced axis
+    moved first. A box needs no index map the size of the data (_scatter's), only its k axes."""
+    k = indices.shape[-1] if indices.ndim else 0
+    if k == 0 or indices.ndim != k + 1 or indices.size == 0:
+        return None
+    dims = np.asarray(data_shape[:k], dtype=np.int64)
+    idx = _wrap(indices.astype(np.int64), dims)
+    starts = idx[(0,) * k]
+    unit = np.eye(k, dtype=np.int64)
+    steps = np.array([idx[tuple(unit[j])][j] - starts[j] if indices.shape[j] > 1 else 1 for j in range(k)])
+    grid = np.moveaxis(np.indices(indices.shape[:-1]), 0, -1)
+    if np.any(steps == 0) or not np.array_equal(idx, starts + steps * grid):
+        return None
+    last = starts + steps * (np.asarray(indices.shape[:-1]) - 1)
+    if np.any(np.minimum(starts, last) < 0) or np.any(np.maximum(starts, last) >= dims):
+        return None   # out of range: _scatter's general path reports it
+    return tuple(int(s) for s in starts), tuple(int(t) for t in steps)
+
+
+def _scatter_box(cx: NodeCtx, starts: tuple[int, ...], steps: tuple[int, ...]) -> None:
+    """data with a strided box of its first k axes replaced by the updates. One axis, step 1:
+    the data's slices either side of the box and the updates, concatenated (data movement
+    only). Otherwise the updates spread over the data's extent by one Gather per axis (indices
+    of that axis's length), then where(box mask, spread, data), the mask over the k axes only."""
+    shape, dt, data, updates = cx.shape(0), cx.dtype(0), cx.inp(0), cx.inp(2)
+    counts = cx.shape(2)[:len(starts)]
+    if cx.shape(2) != counts + shape[len(starts):]:
+        cx.fail(f"updates of shape {cx.shape(2)} do not fit the box {counts} of data {shape}")
+    if len(starts) == 1 and steps[0] == 1:
+        _concat_around(cx, data, updates, starts[0], counts[0])
+        return
+    spread, hit = updates, np.ones(shape[:len(starts)], dtype=bool)
+    for axis, (start, step, n) in enumerate(zip(starts, steps, counts)):
+        positions = start + step * np.arange(n)
+        written = np.zeros(shape[axis], dtype=bool)
+        written[positions] = True
+        view = [1] * len(starts)
+        view[axis] = shape[axis]
+        hit &= written.reshape(view)
+        if n == shape[axis] and start == 0 and step == 1:
+            continue   # the whole axis, in order: nothing to spread
+        source = np.zeros(shape[axis], dtype=np.int64)
+        source[positions] = np.arange(n)
+        spread_shape = cx.info(spread).shape[:axis] + (shape[axis],) + cx.info(spread).shape[axis + 1:]
+        spread = cx.emit(Gather(axis), [spread, cx.b.constant(source, hint="scatter_source")], spread_shape, dt)
+    mask = cx.b.constant(hit.reshape(hit.shape + (1,) * (len(shape) - len(starts))), hint="scatter_mask")
+    cx.ew("where", mask, spread, data, out=cx.out())
+
+
+def _concat_around(cx: NodeCtx, data: str, updates: str, start: int, n: int) -> None:
+    """concat(data[:start], updates, data[start + n:]) along axis 0."""
+    shape, dt = cx.shape(0), cx.dtype(0)
+    rest = tuple(shape[1:])
+
+    def rows(a: int, b: int) -> str:
+        return cx.emit(Slice((a,) + (0,) * len(rest), (b,) + rest, (1,) * len(shape)), [data], (b - a,) + rest, dt)
+
+    before = [rows(0, start)] if start > 0 else []
+    after = [rows(start + n, shape[0])] if start + n < shape[0] else []
+    pieces = before + [updates] + after
+    if len(pieces) == 1:
+        cx.alias(updates, cx.out())
+    else:
+        cx.emit(Concat(0), pieces, shape, dt, out=cx.out())
 
 
 def convert_scatter_elements(cx: NodeCtx):
