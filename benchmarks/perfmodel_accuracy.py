@@ -215,8 +215,24 @@ def _candidates(case: str, sub, graph, t, limit: int, have: set, with_default: b
             continue
         kept.append({"case": case, "labels": labels, "graph": g, "subgraph_nodes": len(sub.nodes),
                      "default": plan is None})
+        kept += _replicated(case, labels, g, t, len(sub.nodes), have)
     print(f"{case}: {len(plans)} plans, {len(kept)} kept, {time.perf_counter() - t0:.1f}s", flush=True)
     return kept
+
+
+def _replicated(case: str, labels: tuple, g, t, nodes: int, have: set) -> list[dict]:
+    """The plan's form with group reductions finished by every unit (rewrite/replicate.py), a
+    plan of its own (labels + 'replicated') where the rule applies and the result is feasible."""
+    from powerfusion.pipeline.search import feasibility
+    from powerfusion.rewrite.replicate import replicated_variant
+    key = (case, labels + ("replicated",))
+    if key in have:
+        return []
+    variant = replicated_variant(g)
+    if variant is None or feasibility(variant[0], t):
+        return []
+    have.add(key)
+    return [{"case": case, "labels": key[1], "graph": variant[0], "subgraph_nodes": nodes, "default": False}]
 
 
 def _write(out: Path, done: list) -> None:

@@ -371,6 +371,7 @@ def _evaluate(c: _Cand, t: TargetSpec) -> None:
         c.note = c.estimate.infeasible or "infeasible"
         return
     _one_pass(c, t)
+    _replicated(c, t)
 
 
 def _one_pass(c: _Cand, t: TargetSpec) -> None:
@@ -387,6 +388,30 @@ def _one_pass(c: _Cand, t: TargetSpec) -> None:
         return
     g, trace = variant
     if feasibility(g, t):
+        return
+    e = estimate(g, t)
+    p = predict_seconds(e, t)
+    if p < c.predicted:
+        c.optimised, c.trace, c.estimate, c.predicted = g, c.trace + tuple(trace), e, p
+
+
+def _replicated(c: _Cand, t: TargetSpec) -> None:
+    """The plan with its group reductions finished by every unit (rewrite/replicate.py: the
+    barrier that hands a group's result back goes, the partials are read by every unit), kept
+    where the cost model (a barrier's cost per wave) predicts it faster. Tried only for plans
+    with a BLOCK sync."""
+    from powerfusion.gir.ir import Scope, Sync
+    from powerfusion.rewrite.replicate import replicated_variant
+    if not any(isinstance(op.args, Sync) and op.args.scope == Scope.BLOCK for op in c.optimised.ops):
+        return
+    try:
+        variant = replicated_variant(c.optimised)
+    except Exception:   # a rule refusing the variant (invariant check) leaves the plan as it was
+        return
+    if variant is None:
+        return
+    g, trace = variant
+    if feasibility(g, t, verify=False):
         return
     e = estimate(g, t)
     p = predict_seconds(e, t)

@@ -18,7 +18,12 @@ from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, 
                                           cyclic_tiling, prod, reg_dtype, rows_tiling, view_index)
 
 
-LONG_ROW = 1024   # elements: rows from this long are also offered split over a group's units
+# elements: rows from this long are also offered split over a group's units (4 warps); from
+# 1024 until the group's result no longer needed a barrier to come back to every unit
+# (rewrite/replicate.py: one barrier per statistic, as Triton's 4-8 warps per row)
+LONG_ROW = 512
+MID_GROUP_ROW = 2048   # elements: rows from this long are also offered over MID_GROUP units
+MID_GROUP = 8          # units of a mid group: a row of 4096 fp16 is 16 per lane instead of 32
 WIDE_ROW = 8192   # elements: rows from this long are also offered split over WIDE_GROUP units
 WIDE_GROUP = 16   # units of a wide group (reduce.block's wide form): a row of 16384 is 32 fp32 per lane
 
@@ -155,6 +160,7 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
         if group > 1:
             out.append(TileParams("rows", 1, split=s, per_row=group))
             if wide:
+                out.append(TileParams("rows", 1, split=s, per_row=MID_GROUP))
                 out.append(TileParams("rows", 1, split=s, per_row=WIDE_GROUP))
     if "rows" in kinds:
         order = list(splits if splits is not None else range(rank - 1, 0, -1))
@@ -165,6 +171,8 @@ def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=
                 out += [TileParams("rows", v, split=s) for v in vsets(prod(shape[s:]))]
                 if group > 1 and prod(shape[s:]) >= LONG_ROW:
                     out += [TileParams("rows", v, split=s, per_row=group) for v in vsets(prod(shape[s:]))]
+                if group > 1 and prod(shape[s:]) >= MID_GROUP_ROW:
+                    out += [TileParams("rows", v, split=s, per_row=MID_GROUP) for v in vsets(prod(shape[s:]))]
                 if group > 1 and prod(shape[s:]) >= WIDE_ROW:
                     out += [TileParams("rows", v, split=s, per_row=WIDE_GROUP) for v in vsets(prod(shape[s:]))]
     n = prod(shape)

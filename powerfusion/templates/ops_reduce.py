@@ -6,7 +6,9 @@ flat index) by reduced positions k (the reduced dims), any axes:
 * `cols`: lanes over W consecutive rows, num = K: reduce over num only (no exchange);
   coalesced when the reduced axes are not innermost (the transposed layout).
 * `block`: G units (one group) per row; partials through SHARED, a BLOCK sync, the
-  group's first unit finishes. G is the context's group size, or WIDE_GROUP for rows from
+  group's first unit finishes, each lane adding the G partials itself (the search's
+  `replicated_variant`, rewrite/replicate.py, lets every unit finish and drops the barrier
+  that hands the result back). G is the context's group size, or WIDE_GROUP for rows from
   WIDE_ROW elements (fewer slots per lane: no streaming, the row read once).
 * `grid`: S units per row in different groups; partials to a GLOBAL scratch buffer,
   a DEVICE sync (a second kernel), R units finish.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from powerfusion import basic as B
 from powerfusion.gir.expr import I, J, U, affine_coefficient
 from powerfusion.gir.ir import Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
-from powerfusion.templates.maps import WIDE_GROUP, WIDE_ROW
+from powerfusion.templates.maps import MID_GROUP, MID_GROUP_ROW, WIDE_GROUP, WIDE_ROW
 from powerfusion.templates.common import (builds, Candidate, Ctx, Emitter, Infeasible, View, contiguous_strides, prod,
                                           reg_dtype, view_index)
 
@@ -54,6 +56,8 @@ def reduce(ctx: Ctx) -> list[Candidate]:
     pts += (row + cols) if inner or R == 1 else (cols + row)
     if ctx.upg > 1:
         pts += [ReduceParams("block", v) for v in (vecs[0], 1) if K % v == 0]
+        if MID_GROUP_ROW <= K < WIDE_ROW:   # 8 warps a row (Triton's choice from 2048 elements)
+            pts += [ReduceParams("block", v, group=MID_GROUP) for v in (vecs[0], 1) if K % v == 0]
         if K >= WIDE_ROW:   # a wide group: a row of 16384 is 32 fp32 per lane instead of 128
             pts += [ReduceParams("block", v, group=WIDE_GROUP) for v in (vecs[0], 1) if K % v == 0]
     pts += [ReduceParams("grid", 1, s) for s in (2, 8)]
@@ -91,6 +95,10 @@ def _build(ctx: Ctx, p: ReduceParams):
 
     def to_scalar(tile, tag="", guard=None):
         """num x W (masked) -> 1 x 1: over num (lane-local), then over width (lane exchange)."""
+        if tile.width == 1:   # one column (a group's partials): the lane-local reduction is all
+            s = em.reg(f"{tag}sum", 1, 1, acc)
+            em.op(Reduce(op.fn, "num"), [tile], [s], guard)
+            return s
         if tile.num > 1:
             part = em.reg(f"{tag}part", 1, tile.width, acc, tile.vec)
             em.op(Reduce(op.fn, "num"), [tile], [part], guard)
@@ -126,14 +134,15 @@ def _build(ctx: Ctx, p: ReduceParams):
         s = to_scalar(rows_load(U // G, (I * G + U % G) * W + J, num, num * G * W))
         shared = em.local("partials", Level.SHARED, G, acc)
         sw = MemorySlice(shared, Level.SHARED, U % G, 1, 1, acc)
-        Wl = ctx.lanes * -(-G // ctx.lanes)
-        sr = MemorySlice(shared, Level.SHARED, J, 1, Wl, acc, valid=J.lt(G) if Wl != G else None)
+        # every lane reads the G partials (G x 1, a broadcast read) and adds them in its own
+        # registers: no shuffle round (a 32-lane tile of G partials took 5 shuffles)
+        sr = MemorySlice(shared, Level.SHARED, I, G, 1, acc)
         em.op(Move(), [s], [sw])
         em.op(Sync(Scope.BLOCK), [sw], [sr])
         first = (U % G).eq(0)
-        q = em.reg("q", 1, Wl, acc)
+        q = em.reg("q", G, 1, acc)
         em.op(Move(), [sr], [q], first)
-        qv = MemorySlice.strided(q.buffer, Level.REGISTER, 0, 1, Wl, Wl, acc, 1, sr.valid)
+        qv = MemorySlice.strided(q.buffer, Level.REGISTER, 0, G, 1, 1, acc, 1)
         s2 = to_scalar(qv, "fin_", first)
         em.op(Move(), [s2], [em.gslice(y, U // G, 1, 1)], first)
         return em.graph(Parallel(R * G, G, ctx.lanes), "reduce.block")
