@@ -139,7 +139,10 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
         else:
             out = regs[0]
         store(em, out, p.dst, p.dst_view, pieces, p.space, num, W, tp.vec, tail, guard)
-    return em.graph(Parallel(units, ctx.upg, ctx.lanes), template)
+    # a row over more units than the context's group is one group (as reduce.block's): with
+    # the context's group the group sizes differ and nothing lines up with the reduction
+    upg = tp.per_row if tp.kind == "rows" and tp.per_row > ctx.upg else ctx.upg
+    return em.graph(Parallel(units, upg, ctx.lanes), template)
 
 
 def map_tilings(shape, vecs: Sequence[int], lanes: int, groups_hint: int, kinds=("rows", "chunk", "cyclic"),

@@ -202,3 +202,17 @@ def _block_plan_any(R: int, N: int, G: int):
     g, _ = optimise(lower_subgraph(sub, graph, fixed, t))
     assert g.parallel.units_per_group == G
     return g, gamma, beta
+
+
+@pytest.mark.parametrize("R,N,G", [(197, 768, 4), (64, 4096, 8)])
+def test_cost_model_charges_the_barriers_it_saves(R, N, G):
+    """Two BLOCK barriers (and the warp exchanges of the first unit's tail) fewer, predicted
+    faster: the search keeps the variant (pipeline/search.py, _replicated)."""
+    from powerfusion.perfmodel.cost import estimate, predict_seconds
+    t = get_target("h200")
+    g, _, _ = _block_plan(R, N, G)
+    after, _ = replicated_variant(g)
+    before_e, after_e = estimate(g, t), estimate(after, t)
+    assert dict(before_e.syncs).get("block") == 4 and dict(after_e.syncs).get("block") == 2
+    assert "warp" not in dict(after_e.syncs)
+    assert predict_seconds(after_e, t) < predict_seconds(before_e, t)
