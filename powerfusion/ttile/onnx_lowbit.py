@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from powerfusion.errors import NodeError
 
-from .onnx_quant import _unique, copy_with_uses
+from .onnx_quant import _nbits_weight, _unique, copy_with_uses
 from .quant import QuantizedWeight, pack_bits, quantize, quantize_rows_int8, unpack_bits
 from .ttype import e8m0_decode, get_ttype
 
@@ -222,3 +222,13 @@ def quantize_model_lowbit(model: onnx.ModelProto, W_dtype: str, group_size: int 
     if not any(o.domain == PF_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PF_DOMAIN, 1))
     return model
+
+
+def node_quantized_weight(node, consts: dict) -> QuantizedWeight:
+    """The QuantizedWeight [N, K] that a MatMulNBits or MatMulLowBit node holds: `quant.dequantize`
+    of it is the weight a reference computes with (the LLM decode benchmark checks against it)."""
+    if node.op_type == "MatMulNBits":
+        return _nbits_weight(node, consts)[0]
+    if node.op_type == "MatMulLowBit":
+        return lowbit_weight(node, consts)
+    raise ValueError(f"node '{node.name}' is a {node.op_type}, not MatMulNBits or MatMulLowBit")

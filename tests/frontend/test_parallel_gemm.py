@@ -1,5 +1,7 @@
 """frontend/parallel_gemm.py: MatMuls of one activation by constant weights become one MatMul
-and slices, with their bias adds merged too; the graph computes what it did.
+and slices, with their bias adds merged too; typed GEMMs (MatMulNBits / MatMulLowBit) of one
+activation become one typed GEMM over their constants side by side; the graph computes what it did
+(typed: exactly, the same codes and scales per output column).
 
 Tolerance: fp16, the same dot products accumulated in float32 and rounded once either way, the
 same bias adds: 1e-3 relative to the output's range (the reference interpreter may sum in another
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-from powerfusion.basic import Elementwise, MatMul, Slice
+from powerfusion.basic import Elementwise, MatMul, Slice, TypedMatMul
 from powerfusion.frontend import import_model, run_basic_graph
 from powerfusion.frontend.parallel_gemm import merge_parallel_matmuls
 from powerfusion.pipeline.driver import CompileOptions, front
@@ -112,3 +114,66 @@ def test_merged_gemm_on_cuda_matches_onnxruntime(bias, swiglu):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, _feeds())
     for got, want in zip(sess.run(None, _feeds()), ref):
         assert _rel(got, want) < 5e-3
+
+
+def _typed_model(dtype: str, act=None, group=32):
+    """_model's q / k / v (swiglu=False, no bias) after `powerfusion quantize-weights`."""
+    from powerfusion.cli.cmd_quantize_weights import quantize_weights_model
+    return quantize_weights_model(_model(bias=False), dtype, group, act)
+
+
+@pytest.mark.parametrize("dtype,act", [("int4", None), ("nf4", None), ("int2", "int8"), ("fp8_e4m3", None)])
+def test_typed_gemms_merge_exactly(dtype, act):
+    model, op_type = _typed_model(dtype, act)
+    graph = import_model(model)
+    want = run_basic_graph(graph, _feeds())
+    merged = copy.deepcopy(graph)
+    assert merge_parallel_matmuls(merged, "cuda") == 2
+    (typed,) = [n for n in merged.nodes if isinstance(n.op, TypedMatMul)]
+    assert typed.op.source == op_type and typed.op.N == sum(WIDTHS) == dict(typed.op.attrs)["N"]
+    assert sum(isinstance(n.op, Slice) for n in merged.nodes) == 3
+    got = run_basic_graph(merged, _feeds())
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_typed_gemms_of_other_types_or_blocks_stay_apart():
+    from powerfusion.cli.cmd_quantize_weights import quantize_weights_model
+    from powerfusion.ttile.onnx_quant import quantize_weights
+    one = quantize_weights(_model(bias=False), "int4", 32)
+    two = quantize_weights(_model(bias=False), "int4", 64)
+    nodes = [n for n in one.graph.node if n.op_type == "MatMulNBits"]
+    other = [n for n in two.graph.node if n.op_type == "MatMulNBits"][0]   # w0 at block 64
+    names = {t.name for t in one.graph.initializer}
+    one.graph.initializer.extend(t for t in two.graph.initializer if t.name in other.input and t.name not in names)
+    one.graph.node.remove(nodes[0])
+    one.graph.node.insert(0, other)
+    graph = import_model(one)
+    assert merge_parallel_matmuls(graph, "cuda") == 1   # the two block-32 GEMMs only
+    nf4, _ = quantize_weights_model(_model(bias=False), "nf4", 32, None)
+    assert merge_parallel_matmuls(import_model(nf4), "cpu") == 2   # the rewrite itself knows no target
+    assert len(front(_typed_model("int4")[0], "cpu", CompileOptions()).library_calls) == 3
+    assert len(front(_typed_model("int4")[0], "cuda", CompileOptions()).library_calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,act", [("int4", None), ("nf4", None), ("int2", "int8")])
+def test_merged_typed_gemm_on_cuda_matches_the_cpu_session(dtype, act):
+    """The merged typed GEMM on CUDA against the CPU session (unmerged, numpy reference):
+    fp16 GEMVs over K = 64, 2e-3 of the output's range (W2A8: the same int8 rows both sides)."""
+    from powerfusion import InferenceSession
+    model, _ = _typed_model(dtype, act)
+    x = {"x": _feeds()["x"][:1]}
+    one_row = _typed_model_rows(model, 1)
+    cuda = InferenceSession(one_row.SerializeToString(), target="cuda", options={"cuda_graph": True})
+    assert sum(isinstance(s.call.node.op, TypedMatMul) for s in cuda._executor.plan.library_steps) == 1
+    cpu = InferenceSession(one_row.SerializeToString(), target="cpu")
+    for got, want in zip(cuda.run(None, x), cpu.run(None, x)):
+        assert _rel(got, want) < 2e-3
+
+
+def _typed_model_rows(model, rows: int):
+    """The model with `rows` rows of x (a decode step: the typed GEMV path)."""
+    for vi in [*model.graph.input, *model.graph.output]:
+        vi.type.tensor_type.shape.dim[0].dim_value = rows
+    return model
