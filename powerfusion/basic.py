@@ -179,20 +179,30 @@ class Attention:
     by it (heads split in the stored layout [B, S, H, D], read through cuDNN's strides).
     in_views: one (offset, shape, strides) per Q, K, V, in elements of its stored tensor (() for
     none; it replaces that operand's in_perm): the operand is a strided view of the stored tensor,
-    e.g. one third of a fused QKV projection's result, heads split (frontend/attention.py)."""
+    e.g. one third of a fused QKV projection's result, heads split (frontend/attention.py).
+    kv_tail: rows appended to the keys and values (a decode step's new token after its KV cache):
+    inputs (Q, K, V, K_tail, V_tail), the keys cat(K, K_tail) and the values cat(V, V_tail) along
+    the row axis, never materialised (frontend/kv_append.py; no bias, perm or view then); 0 for none."""
     scale: float
     nan_to_zero: bool = False
     out_perm: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = ()
     in_perms: tuple[tuple[int, ...], ...] = ()
     in_views: tuple[tuple, ...] = ()
+    kv_tail: int = 0
+
+
+def attention_bias(op: Attention, stored):
+    """The bias input of an Attention (stored inputs as attention_operands takes them), or None."""
+    return stored[3] if len(stored) > 3 and not op.kv_tail else None
 
 
 def attention_operands(op: Attention, stored):
     """Q, K, V of an Attention from its stored inputs (numpy or CuPy arrays): each the strided view
-    its in_view names, else transposed by its in_perm, viewed with leading 1s to that rank first."""
+    its in_view names, else transposed by its in_perm, viewed with leading 1s to that rank first;
+    with a kv_tail, K and V joined with their tails (stored: Q, K, V, K_tail, V_tail)."""
     out = []
-    for k, x in enumerate(stored):
+    for k, x in enumerate(stored[:3]):
         view = op.in_views[k] if op.in_views else ()
         if view:
             out.append(strided_view(x, *view))
@@ -201,7 +211,30 @@ def attention_operands(op: Attention, stored):
         if perm:
             x = x.reshape((1,) * (len(perm) - x.ndim) + tuple(x.shape)).transpose(perm)
         out.append(x)
+    if op.kv_tail:   # K and V are stored whole (frontend/kv_append.py): the tails follow their rows
+        if isinstance(out[1], np.ndarray):
+            concatenate = np.concatenate
+        else:
+            from cupy import concatenate   # CuPy arrays (the CUDA session's stand-in path)
+        out[1] = concatenate([out[1], stored[3]], axis=-2)
+        out[2] = concatenate([out[2], stored[4]], axis=-2)
     return out
+
+
+def plain_view(view: tuple, stored_shape) -> bool:
+    """True where an in_view (offset, shape, strides) reads its whole stored tensor in memory
+    order (offset 0, row-major strides over the axes longer than 1): the same bytes, unpermuted."""
+    if not view:
+        return True
+    offset, shape, strides = view
+    if int(offset) or int(np.prod(shape, dtype=np.int64)) != int(np.prod(stored_shape, dtype=np.int64)):
+        return False
+    want = 1
+    for d, s in reversed([(int(d), int(s)) for d, s in zip(shape, strides)]):
+        if d != 1 and s != want:
+            return False
+        want *= d
+    return True
 
 
 def strided_view(x, offset: int, shape, strides):

@@ -194,9 +194,9 @@ EXECUTORS = {
 def run_attention(op: B.Attention, args, dtype):
     """float32 products and softmax; the probabilities rounded to the operands' type before the
     second product (B.Attention)."""
-    q, k, v = (np.asarray(a, np.float32) for a in B.attention_operands(op, args[:3]))
+    q, k, v = (np.asarray(a, np.float32) for a in B.attention_operands(op, [np.asarray(a) for a in args]))
     s = (q @ np.swapaxes(k, -1, -2)) * np.float32(op.scale)
-    if len(args) > 3:
+    if B.attention_bias(op, args) is not None:
         s = s + np.asarray(args[3], np.float32)
     with np.errstate(invalid="ignore"):
         s = np.exp(s - s.max(axis=-1, keepdims=True))

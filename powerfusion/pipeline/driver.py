@@ -145,8 +145,10 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
             merge_parallel_matmuls(graph, target)
     if options.attention and get_target(target).backend == "cuda":
         from powerfusion.frontend.attention import fuse_attention
+        from powerfusion.frontend.kv_append import fold_kv_append
         with timer("attention"):
             fuse_attention(graph)
+            fold_kv_append(graph)
     if options.gemm_bias and get_target(target).backend == "cuda":
         from powerfusion.frontend.attention import read_through_reshapes
         from powerfusion.frontend.gemm_bias import fold_gemm_bias

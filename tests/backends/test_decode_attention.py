@@ -206,12 +206,13 @@ def _host_operand(x, dtype):
     return a, a.astype(np.float32)
 
 
-def _emulated(shape: da.DecodeShape, sm_count: int, q, k, v, workdir, launches=2):
-    """The kernel's own source run on the CPU (coop_emulator.py), `launches` times."""
+def _emulated(shape: da.DecodeShape, sm_count: int, q, k, v, workdir, launches=2, tails=None):
+    """The kernel's own source run on the CPU (coop_emulator.py), `launches` times; `tails`:
+    (k_tail, v_tail) where shape.tail > 0."""
     chunk = da.chunk_rows(shape, sm_count)
     elem = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}[shape.dtype]
     params = [(f"const {elem}*", True)] * 3 + [(f"{elem}*", True), ("float*", True), ("unsigned*", True),
-                                               ("int", False), ("float", False)]
+                                               ("int", False), ("float", False)] + [(f"const {elem}*", True)] * 2
     launch = build(da.decode_source(shape, chunk), "pf_decode_attention", params, workdir)
     chunks = math.ceil(shape.kv_len / chunk)
     part = np.zeros(shape.heads * chunks * shape.group * (shape.head_size + 2), np.float32)
@@ -221,7 +222,7 @@ def _emulated(shape: da.DecodeShape, sm_count: int, q, k, v, workdir, launches=2
     for _ in range(launches):
         out[...] = 0
         launch([q, k, v, out, part, arrivals, ctypes.c_int(shape.kv_len),
-                ctypes.c_float(shape.scale * math.log2(math.e))], (chunks, shape.heads), da.THREADS)
+                ctypes.c_float(shape.scale * math.log2(math.e)), *(tails or (k, v))], (chunks, shape.heads), da.THREADS)
         outs.append(out.copy())
     return outs, arrivals, chunks
 
@@ -248,6 +249,30 @@ def test_kernel_source_on_the_cpu_matches_float64(dtype, heads, group, t, d, sm_
         got = _host_operand(out, dtype)[1] if dtype != "bfloat16" else _bf16_values(out)
         assert rel(got, want) < TOL[dtype]
     assert not arrivals.any()   # re-armed by each head's last block
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("dtype,heads,group,t,tail,d", [
+    ("float32", 2, 1, 300, 1, 64),       # the new row in the last, partial chunk (chunks of 256)
+    ("float16", 1, 4, 1024, 1, 128),     # the new row alone in the second chunk (chunks of 1024)
+    ("float32", 1, 8, 125, 6, 128)])     # 6 rows appended across the boundary of chunks of 128
+def test_kernel_source_reads_appended_rows_in_place(dtype, heads, group, t, tail, d, tmp_path):
+    """Attention.kv_tail on the CPU: the cache [heads, t, D] and the rows after it [heads, tail, D]
+    in two arrays give softmax over their concatenation (float64), tolerance as above."""
+    rng = np.random.default_rng(t + tail)
+    (q, qf), (k, kf), (v, vf), (kt, ktf), (vt, vtf) = (
+        _host_operand(rng.standard_normal(s), dtype)
+        for s in ((heads, group, d), (heads, t, d), (heads, t, d), (heads, tail, d), (heads, tail, d)))
+    kt, vt = kt * 1, vt * 1
+    kt[:, -1] *= 4   # a row that dominates the softmax: a misplaced tail cannot hide
+    ktf = _host_operand(kt, dtype)[1] if dtype != "bfloat16" else ktf
+    shape = da.DecodeShape(heads, group, t + tail, d, dtype, 1 / math.sqrt(d), tail)
+    outs, arrivals, chunks = _emulated(shape, 1, q, k, v, tmp_path, tails=(kt, vt))
+    assert chunks > 1
+    want = reference(qf, np.concatenate([kf, ktf], 1), np.concatenate([vf, vtf], 1), shape.scale)
+    for out in outs:
+        assert rel(_host_operand(out, dtype)[1], want) < TOL[dtype]
+    assert not arrivals.any()
 
 
 def _bf16_values(bits):
@@ -284,3 +309,44 @@ def test_compiled_folder_runs_the_decode_kernel(decode_folder):
     assert rel(got.reshape(want.shape), want) < TOL["float32"]
     runner = sess._executor
     assert any(step[0] == "library" and step[3] is not None for step in runner.steps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,heads,group,t,tail,d", [("float16", 32, 1, 1024, 1, 128),
+                                                        ("bfloat16", 8, 4, 4095, 1, 128),
+                                                        ("float32", 6, 8, 300, 5, 64)])
+def test_kernel_reads_appended_rows_on_the_gpu(dtype, heads, group, t, tail, d):
+    """The cache and the rows after it as separate arrays (Attention.kv_tail) against float64
+    softmax over their concatenation; tolerances as test_kernel_matches_float64."""
+    import cupy
+    rng = np.random.default_rng(t)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in
+              ((heads, group, d), (heads, t, d), (heads, t, d), (heads, tail, d), (heads, tail, d))]
+    if dtype != "float32":
+        arrays = [_host(_device_array(a, dtype), dtype) for a in arrays]
+    q, k, v, kt, vt = arrays
+    shape = da.DecodeShape(heads, group, t + tail, d, dtype, 1 / math.sqrt(d), tail)
+    run = da.DecodeAttention(shape)
+    dq, dk, dv, dkt, dvt = (_device_array(a, dtype) for a in arrays)
+    out = cupy.zeros_like(dq)
+    assert "v_tail" in run.misfit(dq, dk, dv, out, dkt, dk)   # a tail of the wrong size is refused
+    run(dq, dk, dv, out, dkt, dvt)
+    want = reference(q, np.concatenate([k, kt], 1), np.concatenate([v, vt], 1), shape.scale)
+    assert rel(_host(out, dtype).reshape(want.shape), want) < TOL[dtype]
+
+
+@pytest.mark.gpu
+def test_session_attends_over_the_cache_and_new_rows_in_place():
+    """A decode step's Concat(cache, new) -> attention: one split-KV launch reading both (no
+    Concat kernel), captured; against the interpreter on the unfused graph, fp16 2e-3."""
+    import powerfusion
+    from tests.frontend.test_kv_append import _feeds, _model
+    model = _model(rows=1)
+    feeds = _feeds(model)
+    want = run_basic_graph(import_model(model), feeds)["y"]
+    with powerfusion.options.context(cuda_graph=True):
+        sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
+        got, again = sess.run(None, feeds)[0], sess.run(None, feeds)[0]
+    (route,) = sess._executor.decodes.values()
+    assert route.shape.tail == 1 and not sess._executor.attentions and not sess._executor.plan.kernel_steps
+    assert rel(got, want) < 2e-3 and rel(again, want) < 2e-3

@@ -74,11 +74,11 @@ class ArtefactRunner:
                 k["function"].launch(tuple(k["grid"]), tuple(k["block"]), args, shared_mem=int(k["shared_bytes"]))
             return
         from powerfusion.backends.cuda import library
-        from powerfusion.basic import Attention, MatMul, attention_operands
+        from powerfusion.basic import Attention, MatMul, attention_bias, attention_operands
         _, op, s, decode = step
         ins = [self.constants[t] if t in self.constants else self.tensors[t] for t in s["inputs"]]
         if decode is not None:   # a decode step: the split-KV kernel writes the output itself
-            decode(ins[0], ins[1], ins[2], self.tensors[s["outputs"][0]])
+            decode(ins[0], ins[1], ins[2], self.tensors[s["outputs"][0]], *ins[3:5])
             return
         bf16 = self.artefact.plan["tensors"][s["inputs"][0]]["dtype"] == "bfloat16"
         logical = "bfloat16" if bf16 else None
@@ -86,7 +86,7 @@ class ArtefactRunner:
             y = library.matmul(ins[0], ins[1], ins[2] if op.bias else None, trans_a=op.trans_a, trans_b=op.trans_b,
                                logical_dtype=logical)
         elif isinstance(op, Attention):
-            y = library.attention(*attention_operands(op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=op.scale,
+            y = library.attention(*attention_operands(op, ins), attention_bias(op, ins), scale=op.scale,
                                   nan_to_zero=op.nan_to_zero, out_perm=op.out_perm, out_shape=op.out_shape,
                                   logical_dtype=logical)
         else:

@@ -57,6 +57,8 @@ def _as_4d(shape) -> tuple[int, ...]:
 def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
     """(the shape, "") or (None, why cuDNN is not asked)."""
     t = graph.tensors
+    if getattr(node.op, "kv_tail", 0):
+        return None, "keys and values with appended rows (basic.Attention.kv_tail: the split-KV kernel's)"
     dtype = np.dtype(t[node.inputs[0]].dtype).name
     if dtype not in _DTYPES:
         return None, f"dtype {dtype} (cuDNN's attention is used for fp16 and bf16)"

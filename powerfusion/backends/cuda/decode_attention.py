@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powerfusion.basic import plain_view
+
 _ELEM = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 THREADS = 256
@@ -45,33 +47,41 @@ MIN_CHUNK = 64
 @dataclass(frozen=True, slots=True)
 class DecodeShape:
     """Q [heads, G, D] (heads = batch x KV heads), K and V [heads, T, D], row-major; the output
-    [heads, G, D] in Q's memory order."""
+    [heads, G, D] in Q's memory order. tail > 0: K and V are [heads, T - tail, D] (the cache) and
+    K_tail, V_tail [heads, tail, D] the rows after it (basic.Attention.kv_tail), read in place."""
     heads: int
     group: int
     kv_len: int
     head_size: int
     dtype: str
     scale: float
+    tail: int = 0
 
 
 def decode_shape(graph, node) -> tuple[DecodeShape | None, str]:
     """(the shape, "") where the split-KV kernel runs this Attention node, else (None, why)."""
     op, t = node.op, graph.tensors
-    if len(node.inputs) > 3:
+    tail = int(getattr(op, "kv_tail", 0))
+    if len(node.inputs) > (5 if tail else 3):
         return None, "a bias (the decode kernel takes none)"
-    if op.nan_to_zero or any(op.in_perms) or any(op.in_views):
+    if op.nan_to_zero or any(op.in_perms) or not all(plain_view(v, t[n].shape) for v, n in zip(op.in_views, node.inputs)):
         return None, "a NaN guard or operands read through a transpose or strided view"
-    q, k, v = (tuple(int(d) for d in t[n].shape) for n in node.inputs[:3])
+    views = op.in_views or ((),) * 3   # plain views (checked above): the same bytes in this shape
+    q, k, v = (tuple(int(d) for d in (views[i][1] if views[i] else t[n].shape)) for i, n in enumerate(node.inputs[:3]))
     dtype = np.dtype(t[node.inputs[0]].dtype).name
     if dtype not in _ELEM or len(q) < 3 or k != v or q[:-2] != k[:-2] or q[-1] != k[-1]:
         return None, f"operands {q}, {k}, {v} of {dtype}"
-    group, d, kv_len = q[-2], q[-1], k[-2]
+    if tail:
+        kt, vt = (tuple(int(d) for d in t[n].shape) for n in node.inputs[3:5])
+        if kt != vt or kt[:-2] != k[:-2] or kt[-1] != k[-1] or kt[-2] != tail:
+            return None, f"appended rows {kt}, {vt} that do not continue the cache {k}"
+    group, d, kv_len = q[-2], q[-1], k[-2] + tail
     if group > MAX_GROUP or d not in (8, 16, 32, 64, 128) or kv_len < 1:
         return None, f"{group} query rows of head size {d} over {kv_len} keys"
     if op.out_perm and not _moves_ones_only((*q[:-1], d), op.out_perm):
         return None, f"an output transpose {op.out_perm} that moves data"
     heads = int(np.prod(q[:-2], dtype=np.int64))
-    return DecodeShape(heads, group, kv_len, d, dtype, float(op.scale)), ""
+    return DecodeShape(heads, group, kv_len, d, dtype, float(op.scale), tail), ""
 
 
 def _moves_ones_only(shape, perm) -> bool:
@@ -129,7 +139,7 @@ def decode_source(shape: DecodeShape, chunk: int) -> str:
     if shape.head_size * _ITEMSIZE[shape.dtype] < 16:
         raise ValueError(f"head size {shape.head_size} of {shape.dtype} is less than one 16-byte pack")
     consts = {"ELEM": _ELEM[shape.dtype], "HEAD": shape.head_size, "GROUP": shape.group, "CHUNK": chunk,
-              "THREADS": THREADS, "RESIDENT": resident_blocks(shape), "LPR": lanes, "PPT": packs // lanes, "UNROLL": _unroll(packs // lanes)}
+              "THREADS": THREADS, "RESIDENT": resident_blocks(shape), "LPR": lanes, "PPT": packs // lanes, "UNROLL": _unroll(packs // lanes), "TAIL": shape.tail}
     head = "".join(f"#define {k} {v}\n" for k, v in consts.items())
     return _PRELUDE + head + _KERNEL
 
@@ -163,16 +173,28 @@ __device__ __forceinline__ void merge_ml(float& m, float& l, float m2, float l2)
     m = big;
 }
 
-// one tile (UNROLL steps of STEP rows) of a chunk's K or V rows; rows past the chunk read as 0
-__device__ __forceinline__ void load_tile(Pack (&t)[UNROLL][PPT], const ELEM* __restrict__ src, int base, int rows,
-                                          int sub, int col) {
+// row `row` of a head's keys or values: of its `cache` (`cached` rows), past them of `tail`
+__device__ __forceinline__ const ELEM* kv_row(const ELEM* __restrict__ cache, const ELEM* __restrict__ tail,
+                                              int cached, int row) {
+#if TAIL
+    return row < cached ? cache + (size_t)row * HEAD : tail + (size_t)(row - cached) * HEAD;
+#else
+    return cache + (size_t)row * HEAD;
+#endif
+}
+
+// one tile (UNROLL steps of STEP rows) of a chunk's K or V rows (the chunk starts at row0);
+// rows past the chunk read as 0
+__device__ __forceinline__ void load_tile(Pack (&t)[UNROLL][PPT], const ELEM* __restrict__ src,
+                                          const ELEM* __restrict__ tail, int cached, int row0, int base,
+                                          int rows, int sub, int col) {
     #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int r = base + u * STEP + sub;
+        const ELEM* row = kv_row(src, tail, cached, row0 + r);
         #pragma unroll
         for (int j = 0; j < PPT; ++j)
-            t[u][j].raw = r < rows ? __ldcs((const uint4*)(src + (size_t)r * HEAD + (col + j * LPR) * VEC))
-                                   : make_uint4(0, 0, 0, 0);
+            t[u][j].raw = r < rows ? __ldcs((const uint4*)(row + (col + j * LPR) * VEC)) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -180,7 +202,7 @@ __device__ __forceinline__ void load_tile(Pack (&t)[UNROLL][PPT], const ELEM* __
 extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attention(
     const ELEM* __restrict__ q, const ELEM* __restrict__ k, const ELEM* __restrict__ v,
     ELEM* __restrict__ y, float* __restrict__ part, unsigned int* __restrict__ arrivals,
-    int T, float scale_log2)
+    int T, float scale_log2, const ELEM* __restrict__ k_tail, const ELEM* __restrict__ v_tail)
 {
     __shared__ float s_p[GROUP][CHUNK];
     __shared__ float s_acc[WARPS][GROUP][HEAD];
@@ -189,11 +211,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
     const int chunk = blockIdx.x, head = blockIdx.y, chunks = gridDim.x;
     const int tid = threadIdx.x, col = tid % LPR, sub = tid / LPR;
     const int row0 = chunk * CHUNK, rows = min(CHUNK, T - row0);
-    const ELEM* __restrict__ kc = k + ((size_t)head * T + row0) * HEAD;
-    const ELEM* __restrict__ vc = v + ((size_t)head * T + row0) * HEAD;
+    // T rows: the cache's T - TAIL, then TAIL rows appended (the step's new token), read in place
+    const int cached = T - TAIL;
+    const ELEM* __restrict__ kc = k + (size_t)head * cached * HEAD;
+    const ELEM* __restrict__ vc = v + (size_t)head * cached * HEAD;
+    const ELEM* __restrict__ kt = k_tail + (size_t)head * TAIL * HEAD;
+    const ELEM* __restrict__ vt = v_tail + (size_t)head * TAIL * HEAD;
 
     Pack kp[UNROLL][PPT];
-    load_tile(kp, kc, 0, rows, sub, col);   // in flight while q is read
+    load_tile(kp, kc, kt, cached, row0, 0, rows, sub, col);   // in flight while q is read
     float qf[GROUP][PPT][VEC];
     #pragma unroll
     for (int g = 0; g < GROUP; ++g)
@@ -206,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
 
     // pass 1: scores of the chunk (log2 domain) into shared memory; K read once
     for (int base = 0; base < rows; base += STEP * UNROLL) {
-        if (base > 0) load_tile(kp, kc, base, rows, sub, col);
+        if (base > 0) load_tile(kp, kc, kt, cached, row0, base, rows, sub, col);
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int r = base + u * STEP + sub;
@@ -229,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
         }
     }
     Pack vp[UNROLL][PPT];
-    load_tile(vp, vc, 0, rows, sub, col);   // in flight through the max and sum below
+    load_tile(vp, vc, vt, cached, row0, 0, rows, sub, col);   // in flight through the max and sum below
     __syncthreads();
 
     // the chunk's max and sum of 2^(s - max) per query row; one warp per row
@@ -256,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
             #pragma unroll
             for (int i = 0; i < VEC; ++i) acc[g][j][i] = 0.f;
     for (int base = 0; base < rows; base += STEP * UNROLL) {
-        if (base > 0) load_tile(vp, vc, base, rows, sub, col);
+        if (base > 0) load_tile(vp, vc, vt, cached, row0, base, rows, sub, col);
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int r = base + u * STEP + sub;
@@ -378,25 +404,32 @@ class DecodeAttention:
         self.arrivals = cupy.zeros(shape.heads, np.uint32)
         self.scale_log2 = np.float32(shape.scale * math.log2(math.e))
 
-    def misfit(self, q, k, v, out) -> str:
+    def misfit(self, q, k, v, out, k_tail=None, v_tail=None) -> str:
         """"" where the arrays suit the kernel (contiguous, 16-byte aligned, of the planned sizes),
         else what does not (the session's arena aligns every tensor to 256 bytes; arrays bound by
         a caller may not be)."""
         s = self.shape
-        for name, x, n in (("q", q, s.heads * s.group), ("k", k, s.heads * s.kv_len),
-                           ("v", v, s.heads * s.kv_len), ("output", out, s.heads * s.group)):
+        cached = s.kv_len - s.tail
+        arrays = [("q", q, s.heads * s.group), ("k", k, s.heads * cached), ("v", v, s.heads * cached),
+                  ("output", out, s.heads * s.group)]
+        if s.tail:
+            if k_tail is None or v_tail is None:
+                return f"decode attention: {s.tail} appended row(s) planned, no k_tail / v_tail given"
+            arrays += [("k_tail", k_tail, s.heads * s.tail), ("v_tail", v_tail, s.heads * s.tail)]
+        for name, x, n in arrays:
             if x.size != n * s.head_size or x.data.ptr % 16 or not x.flags.c_contiguous:
                 return (f"decode attention: {name} must be a contiguous, 16-byte aligned array of "
                         f"{n * s.head_size} elements, got shape {x.shape}")
         return ""
 
-    def __call__(self, q, k, v, out) -> None:
+    def __call__(self, q, k, v, out, k_tail=None, v_tail=None) -> None:
         s = self.shape
-        why = self.misfit(q, k, v, out)
+        why = self.misfit(q, k, v, out, k_tail, v_tail)
         if why:
             raise ValueError(why)
+        tails = (k_tail, v_tail) if s.tail else (k, v)   # unread without a tail
         self.kernel.launch((self.chunks, s.heads), (THREADS,),
-                           (q, k, v, out, self.part, self.arrivals, np.int32(s.kv_len), self.scale_log2))
+                           (q, k, v, out, self.part, self.arrivals, np.int32(s.kv_len), self.scale_log2, *tails))
 
 
 def plan_decode(graph, nodes, device_id: int = 0) -> tuple[dict[str, DecodeAttention], dict[str, str]]:

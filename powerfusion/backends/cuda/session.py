@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.errors import PowerFusionError
-from powerfusion.basic import Attention, Conv, MatMul, TypedMatMul, attention_operands
+from powerfusion.basic import Attention, Conv, MatMul, TypedMatMul, attention_bias, attention_operands
 from powerfusion.backends.cuda.executor import device_dtype
 from powerfusion.gir.interpreter import np_dtype
 from powerfusion.plan import KernelStep, LibraryStep, Plan
@@ -196,7 +196,7 @@ class CudaPlanRunner:
                     self.fallbacks.setdefault(node.name, "MatMul + bias through CuPy (not captured): "
                                                          "cuBLASLt's bias epilogue did not take it")
             elif isinstance(node.op, Attention):
-                y = library.attention(*attention_operands(node.op, ins[:3]), ins[3] if len(ins) > 3 else None, scale=node.op.scale,
+                y = library.attention(*attention_operands(node.op, ins), attention_bias(node.op, ins), scale=node.op.scale,
                                       nan_to_zero=node.op.nan_to_zero, out_perm=node.op.out_perm,
                                       out_shape=node.op.out_shape, logical_dtype="bfloat16" if bf16 else None)
             elif isinstance(node.op, Conv):
@@ -221,8 +221,8 @@ class CudaPlanRunner:
         import cupy
         from powerfusion.backends.cuda import blas, int8_gemm, library
         decode = self.decodes.get(node.name) if isinstance(node.op, Attention) else None
-        if decode is not None and not decode.misfit(ins[0], ins[1], ins[2], out):   # split-KV decode kernel
-            decode(ins[0], ins[1], ins[2], out)
+        if decode is not None and not decode.misfit(ins[0], ins[1], ins[2], out, *ins[3:5]):   # split-KV decode kernel
+            decode(ins[0], ins[1], ins[2], out, *ins[3:5])
             return True
         if isinstance(node.op, Attention):   # cuDNN, chosen when the runner was built
             route = self.attentions.get(node.name)
