@@ -191,7 +191,9 @@ def quantize_decoder(model, dtype: str, act: str | None = None, processes: int =
     """`powerfusion quantize-weights` (its function, quantize_weights_model) applied to each
     weight MatMul alone, `processes` at a time, the results spliced back in node order: the same
     model as one call on the whole model (tests check it), in a fraction of the time at 7B
-    widths, where numpy quantises one MatMul per core. Returns (model, op type written)."""
+    widths, where numpy quantises one MatMul per core. Returns (model, op type written,
+    {weight name: the fp16 rounding of what its quantised node holds}), the last being the
+    weights a reference computes with."""
     import multiprocessing as mp
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -204,15 +206,19 @@ def quantize_decoder(model, dtype: str, act: str | None = None, processes: int =
     else:
         done = [_quantize_one(n.name) for n in jobs]
     _QUANT_JOB = None
-    return _splice(model, dict(zip((n.name for n in jobs), done))), done[0][2]
+    dequantised = {n.input[1]: d[4] for n, d in zip(jobs, done)}
+    return _splice(model, dict(zip((n.name for n in jobs), done))), done[0][2], dequantised
 
 
 _QUANT_JOB = None
 
 
 def _quantize_one(node_name: str):
-    """(quantised node, its initializers, op type) for one weight MatMul of _QUANT_JOB's model."""
+    """(quantised node, its initializers, op type, opsets, dequantised fp16 weight [K, N]) for one
+    weight MatMul of _QUANT_JOB's model."""
     from powerfusion.cli.cmd_quantize_weights import quantize_weights_model
+    from powerfusion.ttile.onnx_lowbit import node_quantized_weight
+    from powerfusion.ttile.quant import dequantize
     model, inits, dtype, act = _QUANT_JOB
     node = next(n for n in model.graph.node if n.name == node_name)
     w = inits[node.input[1]]
@@ -220,7 +226,10 @@ def _quantize_one(node_name: str):
     vo = helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT16, None)
     one = helper.make_model(helper.make_graph([node], "one", [vi], [vo], [w]), opset_imports=model.opset_import)
     q, op = quantize_weights_model(one, dtype, None, act)
-    return q.graph.node[0], list(q.graph.initializer), op, [o for o in q.opset_import]
+    qnode = q.graph.node[0]
+    consts = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    deq = dequantize(node_quantized_weight(qnode, consts)).T.astype(np.float16)
+    return qnode, list(q.graph.initializer), op, list(q.opset_import), deq
 
 
 def _splice(model, done: dict):
@@ -237,20 +246,6 @@ def _splice(model, done: dict):
     g.initializer.extend(kept + [t for r in done.values() for t in r[1]])
     have = {o.domain for o in out.opset_import}
     out.opset_import.extend(o for o in next(iter(done.values()))[3] if o.domain not in have)
-    return out
-
-
-def dequantized_weights(qmodel, model, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`weights` with each quantised projection replaced by the fp16 rounding of what its
-    MatMulNBits / MatMulLowBit node holds (the reference a weight-quantised run must match)."""
-    from powerfusion.ttile.onnx_lowbit import node_quantized_weight
-    from powerfusion.ttile.quant import dequantize
-    weight_of = {n.output[0]: n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
-    consts = {t.name: numpy_helper.to_array(t) for t in qmodel.graph.initializer}
-    out = dict(weights)
-    for node in qmodel.graph.node:
-        if node.op_type in ("MatMulNBits", "MatMulLowBit"):
-            out[weight_of[node.output[0]]] = dequantize(node_quantized_weight(node, consts)).T.astype(np.float16)
     return out
 
 

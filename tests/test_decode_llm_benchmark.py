@@ -13,8 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_decode_llm import TOLERANCE, markdown, plan, rel_err  # noqa: E402
-from decode_llm_model import (DecoderConfig, build_decoder_onnx, dequantized_weights, make_inputs,  # noqa: E402
-                              make_weights, numpy_decode_step, quantize_decoder, with_batch)
+from decode_llm_model import (DecoderConfig, build_decoder_onnx, make_inputs, make_weights,  # noqa: E402
+                              numpy_decode_step, quantize_decoder, with_batch)
 
 TINY = DecoderConfig(hidden=256, intermediate=512, heads=4, kv_heads=2, layers=2, batch=1, past=40)
 
@@ -59,7 +59,7 @@ def test_quantise_per_matmul_equals_one_call(tiny):
     from powerfusion.cli.cmd_quantize_weights import quantize_weights_model
     _, model = tiny
     whole, op = quantize_weights_model(model, "int4", None, None)
-    split, op2 = quantize_decoder(model, "int4", None, processes=2)
+    split, op2, _ = quantize_decoder(model, "int4", None, processes=2)
     assert (op, op2) == ("MatMulNBits", "MatMulNBits")
     assert sum(n.op_type == "MatMulNBits" for n in split.graph.node) == 7 * TINY.layers
     assert whole.SerializeToString() == split.SerializeToString()
@@ -73,10 +73,10 @@ def test_quantised_on_powerfusion_cpu(tiny, dtype, act, variant, op):
     (W2A8's int8 activation rounding is not in the reference: 5e-2)."""
     import powerfusion
     weights, model = tiny
-    q, got_op = quantize_decoder(model, dtype, act)
-    assert got_op == op
-    dq = dequantized_weights(q, model, weights)
-    assert all(np.any(dq[k] != weights[k]) for k in weights if k.endswith((".q", ".down")))
+    q, got_op, dequantised = quantize_decoder(model, dtype, act)
+    assert got_op == op and sorted(dequantised) == sorted(k for k in weights if "norm" not in k)
+    dq = {**weights, **dequantised}
+    assert all(np.any(dq[k] != weights[k]) for k in dequantised)
     feeds = make_inputs(TINY)
     out = powerfusion.InferenceSession(q.SerializeToString(), target="cpu").run(None, feeds)
     _check(out, TINY, dq, feeds, TOLERANCE[variant], 0.3 if act else 1e-2)
