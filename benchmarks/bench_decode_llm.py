@@ -63,6 +63,8 @@ class Bench:
         self.model = build_decoder_onnx(self.cfg, self.weights)
         self.quantised: dict[str, tuple] = {}
         self.rows: list[dict] = []
+        self.kept_rows, self.kept_meta = _kept(args.keep)
+        self.run = len(self.kept_meta.get("runs", []))
 
     def left(self) -> float:
         return self.args.budget - (time.perf_counter() - self.t0)
@@ -74,6 +76,7 @@ class Bench:
         return make_inputs(dataclasses.replace(self.cfg, batch=b))
 
     def add(self, row: dict) -> None:
+        row.update(run=self.run, t_s=round(time.perf_counter() - self.t0, 1))
         self.rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
         write(self)
@@ -192,10 +195,24 @@ def plan(batches: list[int], variants: list[str]) -> list[tuple]:
     return first + steps
 
 
+def parse_steps(text: str) -> list[tuple]:
+    """"1:torch-compile,1:int4,16:fp16" -> [("torch-compile", 1, "fp16"), ("powerfusion", 1, "int4"), ...]."""
+    steps = []
+    for item in text.split(","):
+        b, _, what = item.partition(":")
+        if not b.isdigit() or what not in ("torch-compile", "torch-eager", "fp16", *VARIANTS):
+            raise SystemExit(f"--steps: '{item}' is not BATCH:(torch-compile|torch-eager|fp16|{'|'.join(VARIANTS)})")
+        steps.append((what, int(b), "fp16") if what.startswith("torch") else ("powerfusion", int(b), what))
+    return steps
+
+
+ROW_S = 45   # a PowerFusion row (quantise, reference, build, time): no row starts with less left
+
+
 def execute(bench: Bench, steps: list[tuple]) -> None:
     refs: dict[tuple, np.ndarray | None] = {}
     for impl, b, variant in steps:
-        if bench.left() < 20:
+        if bench.left() < ROW_S:
             bench.add({"case": bench.case(b), "batch": b, "dtype": variant, "impl": impl,
                        "error": f"not run: the {bench.args.budget:.0f} s budget was spent"})
             continue
@@ -211,25 +228,40 @@ def execute(bench: Bench, steps: list[tuple]) -> None:
         run_ours(bench, b, variant, refs[(b, variant)])
 
 
-def summary(bench: Bench) -> list[dict]:
-    """Per batch: each row's device time over torch.compile fp16's."""
-    base = {r["batch"]: r["device_time_s"] for r in bench.rows
+def summary(rows: list[dict]) -> list[dict]:
+    """Per run and batch: each row's device time over torch.compile fp16's in the same run."""
+    base = {(r.get("run", 0), r["batch"]): r["device_time_s"] for r in rows
             if r["impl"] == "torch-compile" and r.get("device_time_s")}
-    for r in bench.rows:
-        if r.get("device_time_s") and r["batch"] in base:
-            r["vs_compile"] = r["device_time_s"] / base[r["batch"]]
-    return bench.rows
+    for r in rows:
+        key = (r.get("run", 0), r["batch"])
+        if r.get("device_time_s") and key in base:
+            r["vs_compile"] = r["device_time_s"] / base[key]
+    return rows
+
+
+def _kept(path: str | None) -> tuple[list[dict], dict]:
+    """(rows, meta) of an earlier run to keep beside this one (--keep), each row tagged with its run."""
+    if not path:
+        return [], {}
+    doc = json.loads(Path(path).read_text())
+    meta = doc["meta"]
+    runs = meta.get("runs") or [{"date": meta["date"], "git_commit": meta["git_commit"]}]
+    for r in doc["rows"]:
+        r.setdefault("run", 0)
+    return doc["rows"], {**meta, "runs": runs}
 
 
 def write(bench: Bench) -> None:
     from harness import run_metadata
     out = Path(bench.args.out)
     out.mkdir(parents=True, exist_ok=True)
+    kept = bench.kept_meta
     meta = run_metadata(suite="decode-llm", config=dataclasses.asdict(bench.cfg),
-                        quantise_s={k: v[2] for k, v in bench.quantised.items()},
-                        weight_bytes={"fp16": _weight_bytes(bench.model),
+                        quantise_s={**kept.get("quantise_s", {}), **{k: v[2] for k, v in bench.quantised.items()}},
+                        weight_bytes={**kept.get("weight_bytes", {}), "fp16": _weight_bytes(bench.model),
                                       **{k: _weight_bytes(v[0]) for k, v in bench.quantised.items()}})
-    rows = summary(bench)
+    meta["runs"] = kept.get("runs", []) + [{"date": meta["date"], "git_commit": meta["git_commit"]}]
+    rows = summary(bench.kept_rows + bench.rows)
     (out / "decode-llm.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     (out / "decode-llm.md").write_text(markdown(rows, meta))
 
@@ -242,24 +274,28 @@ def _weight_bytes(model) -> int:
 def markdown(rows: list[dict], meta: dict) -> str:
     c = meta["config"]
     lines = [f"# decode-llm", "",
-             f"{meta.get('device', '?')}, {meta['date']}, commit {meta['git_commit']}. One decode step of "
+             f"{meta.get('device', '?')}. One decode step of "
              f"{c['layers']} LLaMA-7B-width layers (hidden {c['hidden']}, MLP {c['intermediate']}, "
              f"{c['heads']} heads of 128, KV cache {c['past']}), random weights; device time by CUDA-graph "
              "replay; `vs compile` = device time / torch.compile fp16's at the same batch.", "",
-             "| batch | weights | impl | device us | latency us | vs compile | kernels | max rel err (tol) |",
-             "|---:|---|---|---:|---:|---:|---:|---|"]
-    for r in rows:
+             "| run | batch | weights | impl | device us | latency us | vs compile | kernels | max rel err (tol) |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---|"]
+    runs = meta.get("runs") or [{"date": meta["date"], "git_commit": meta["git_commit"]}]
+    for r in sorted(rows, key=lambda r: (r["batch"], r.get("run", 0))):
         name = VARIANTS.get(r["dtype"], (0, 0, "fp16"))[2]
+        head = f"| {r.get('run', 0)} | {r['batch']} | {name} | {r['impl']} | "
         if r.get("device_time_s") is None:
-            lines.append(f"| {r['batch']} | {name} | {r['impl']} | - | - | - | - | {r.get('error', '')[:120]} |")
+            lines.append(head + f"- | - | - | - | {r.get('error', '')[:120]} |")
             continue
         err = r.get("max_rel_err")
         tol = f" ({r['tolerance']:.0e})" if r.get("tolerance") else ""
-        lines.append(f"| {r['batch']} | {name} | {r['impl']} | {r['device_time_s'] * 1e6:.1f} | "
+        lines.append(head + f"{r['device_time_s'] * 1e6:.1f} | "
                      f"{r['latency_s'] * 1e6:.1f} | {r.get('vs_compile', float('nan')):.3f} | {r.get('kernels', '-')} | "
                      f"{'-' if err is None else f'{err:.1e}'}{tol} |")
     wb = meta.get("weight_bytes", {})
-    lines += ["", "Weight bytes per step: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in wb.items()) + "."]
+    lines += ["", "Runs (ratios within a run): " + "; ".join(f"{i}: {r['date']}, commit {r['git_commit']}"
+                                                        for i, r in enumerate(runs)) + ".",
+              "Weight bytes per step: " + ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in wb.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -276,6 +312,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--variants", default="int4,nf4,int2a8")
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; later rows are skipped past it")
+    ap.add_argument("--steps", default="", help="explicit rows in order, e.g. 1:torch-compile,1:int4,16:fp16 "
+                    "(fp16 = ours on the fp16 model); default: every batch and variant, the goal first")
+    ap.add_argument("--keep", default=None, help="an earlier run's decode-llm.json whose rows stay in the result")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -283,8 +322,9 @@ def main(argv=None) -> int:
         ap.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
     if torch_cuda_missing("bench_decode_llm"):
         return 2
+    steps = parse_steps(args.steps) if args.steps else plan([int(b) for b in args.batches.split(",")], variants)
     bench = Bench(args)
-    execute(bench, plan([int(b) for b in args.batches.split(",")], variants))
+    execute(bench, steps)
     write(bench)
     return 0
 

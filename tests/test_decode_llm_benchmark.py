@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_decode_llm import TOLERANCE, markdown, plan, rel_err  # noqa: E402
+from bench_decode_llm import TOLERANCE, markdown, parse_steps, plan, rel_err, summary  # noqa: E402
 from decode_llm_model import (DecoderConfig, build_decoder_onnx, make_inputs, make_weights,  # noqa: E402
                               numpy_decode_step, quantize_decoder, with_batch)
 
@@ -92,11 +92,25 @@ def test_plan_puts_the_goal_first():
     assert steps[-2:] == [("powerfusion", 1, "nf4"), ("powerfusion", 16, "nf4")]
 
 
-def test_markdown_rows_and_errors():
-    meta = {"date": "d", "git_commit": "c", "config": dataclasses.asdict(TINY), "weight_bytes": {"fp16": 2e6}}
-    rows = [{"batch": 1, "dtype": "int4", "impl": "powerfusion", "device_time_s": 1e-4, "latency_s": 2e-4,
-             "vs_compile": 0.5, "kernels": 9, "max_rel_err": 1e-3, "tolerance": 2e-2},
-            {"batch": 16, "dtype": "nf4", "impl": "powerfusion", "error": "not run: the 270 s budget was spent"}]
+def test_steps_parse_and_refuse():
+    assert parse_steps("1:torch-compile,16:int2a8,1:fp16") == [("torch-compile", 1, "fp16"),
+                                                              ("powerfusion", 16, "int2a8"), ("powerfusion", 1, "fp16")]
+    with pytest.raises(SystemExit, match="'1:int3'"):
+        parse_steps("1:torch-eager,1:int3")
+
+
+def test_ratios_stay_within_a_run_and_the_table():
+    rows = [{"run": 0, "batch": 1, "dtype": "fp16", "impl": "torch-compile", "device_time_s": 2e-4, "latency_s": 3e-4},
+            {"run": 0, "batch": 1, "dtype": "int4", "impl": "powerfusion", "device_time_s": 1e-4, "latency_s": 2e-4,
+             "kernels": 9, "max_rel_err": 1e-3, "tolerance": 2e-2},
+            {"run": 1, "batch": 1, "dtype": "fp16", "impl": "torch-compile", "device_time_s": 4e-4, "latency_s": 5e-4},
+            {"run": 1, "batch": 1, "dtype": "nf4", "impl": "powerfusion", "device_time_s": 1e-4, "latency_s": 2e-4},
+            {"run": 1, "batch": 16, "dtype": "nf4", "impl": "powerfusion", "error": "not run: the 270 s budget was spent"}]
+    summary(rows)
+    assert [r.get("vs_compile") for r in rows] == [1.0, 0.5, 1.0, 0.25, None]
+    meta = {"date": "d", "git_commit": "c", "config": dataclasses.asdict(TINY), "weight_bytes": {"fp16": 2e6},
+            "runs": [{"date": "d0", "git_commit": "c0"}, {"date": "d1", "git_commit": "c1"}]}
     text = markdown(rows, meta)
-    assert "| 1 | W4A16 g128 | powerfusion | 100.0 | 200.0 | 0.500 | 9 | 1.0e-03 (2e-02) |" in text
-    assert "| 16 | NF4 g128 | powerfusion | - | - | - | - | not run: the 270 s budget was spent |" in text
+    assert "| 0 | 1 | W4A16 g128 | powerfusion | 100.0 | 200.0 | 0.500 | 9 | 1.0e-03 (2e-02) |" in text
+    assert "| 1 | 16 | NF4 g128 | powerfusion | - | - | - | - | not run: the 270 s budget was spent |" in text
+    assert "0: d0, commit c0; 1: d1, commit c1" in text
