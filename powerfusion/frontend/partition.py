@@ -61,6 +61,12 @@ def node_bytes(graph: BasicGraph, node: BasicNode) -> int:
 
 
 GEMV_MAX_ROWS = 8  # a MatMul with at most this many rows per product is GEMV-like (GIR templates)
+# On GPUs a GEMV-like MatMul over a constant weight at least this large is the library's: GIR's
+# GEMV template streams such a weight at 0.25-0.35 of cuBLAS's speed (LLaMA-7B widths, fp16, M = 1,
+# H200: 115-127 us where cuBLAS takes 27-43 us; benchmarks/results/decode-llm.md), and beside a
+# weight this size the DRAM round trip of a fused neighbour costs little. Smaller weights (the
+# classifier heads of the CNN zoo, 1-5 MB) stay GIR's, fused with their neighbours.
+GPU_LIBRARY_GEMV_BYTES = 8 << 20
 
 
 def has_gir_template(graph: BasicGraph, node: BasicNode, target: str = "cpu") -> bool:
@@ -83,7 +89,11 @@ def has_gir_template(graph: BasicGraph, node: BasicNode, target: str = "cpu") ->
             # B shared by every product: the batch folds into the rows of one GEMM, e.g. a
             # channels-last linear (1, 7, 7, 768) x (768, 3072) is 49 x 768 x 3072, not 7 GEMVs
             rows = int(np.prod([int(d) for d in a[:-1]], dtype=np.int64)) if len(a) >= 2 else 1
-        return rows <= GEMV_MAX_ROWS
+        if rows > GEMV_MAX_ROWS:
+            return False
+        weight = node.inputs[1]
+        return not (get_target(target).backend != "cpu" and weight in graph.constants
+                    and graph.tensors[weight].nbytes >= GPU_LIBRARY_GEMV_BYTES)
     if isinstance(op, Conv):
         if op.channels_last:   # frontend/layout.py chose the library for it
             return False

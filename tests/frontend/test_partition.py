@@ -23,6 +23,18 @@ def test_gemv_is_memory_bound():
         assert not p.library_calls and [n.op.__class__.__name__ for n in p.subgraphs[0].nodes] == ["MatMul"]
 
 
+def test_gpu_gemv_over_a_large_weight_is_a_library_call():
+    """A weight of >= 8 MiB (LLaMA-7B's 4096 x 4096 fp16: 32 MiB) goes to cuBLAS on GPUs, where
+    GIR's GEMV template streamed it at a third of cuBLAS's speed; the CPU keeps it generated, and
+    an activation x activation GEMV (decode attention) stays GIR's on every target."""
+    x, w = f(1, 4096).astype(np.float16), f(4096, 4096).astype(np.float16)
+    g = import_model(make_model("MatMul", {"x": x}, {"w": w}))
+    assert len(partition_graph(g, "h200").library_calls) == 1
+    assert not partition_graph(g, "cpu").library_calls
+    g = import_model(make_model("MatMul", {"x": x, "w": w}))   # w an input, not a weight
+    assert not partition_graph(g, "h200").library_calls
+
+
 def test_decode_attention_scores_are_memory_bound():
     # one query against a KV cache of 512 positions: batched GEMV
     g = import_model(make_model("MatMul", {"q": f(8, 1, 64), "k": f(8, 64, 512)}))
