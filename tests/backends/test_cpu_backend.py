@@ -142,6 +142,21 @@ def test_generated_c_keeps_floored_division_semantics():
     check_graphs([g], [{"x": x}], ["floor"])
 
 
+def test_integer_division_warns_that_it_runs_on_the_gir_executor():
+    """The warning the test configuration filters (pyproject.toml) is still raised."""
+    import warnings
+    from onnx import TensorProto as T, helper as h
+    import powerfusion
+    from powerfusion.backends.cpu.session import NativeFallbackWarning
+    g = h.make_graph([h.make_node("Div", ["a", "b"], ["c"])], "idiv",
+                     [h.make_tensor_value_info(n, T.INT32, [8]) for n in "ab"], [h.make_tensor_value_info("c", T.INT32, [8])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        powerfusion.InferenceSession(model.SerializeToString(), target="cpu")
+    assert any(issubclass(w.category, NativeFallbackWarning) and "GIR executor" in str(w.message) for w in caught)
+
+
 def test_compile_cli_writes_c_files_that_compile(tmp_path):
     """`powerfusion compile --target cpu` writes one .c file per kernel and the plan; each file
     builds on its own with the system compiler."""
