@@ -100,17 +100,19 @@ def test_fp32_attention_with_many_query_rows_is_not_fused():
     assert fuse_attention(graph) == 0
 
 
-@pytest.mark.parametrize("heads,group,t,d,want", [(48, 1, 1024, 64, 128), (48, 1, 4096, 64, 512),
-                                                   (48, 1, 32768, 64, 4096), (32, 4, 1024, 128, 128),
-                                                   (32, 4, 32768, 128, 1024), (32, 8, 32768, 128, 256)])
+@pytest.mark.parametrize("heads,group,t,d,want", [(48, 1, 1024, 64, 96), (48, 1, 4096, 64, 384),
+                                                   (48, 1, 32768, 64, 2992), (32, 4, 1024, 128, 128),
+                                                   (32, 4, 32768, 128, 1024), (32, 8, 32768, 128, 256),
+                                                   (32, 1, 1025, 128, 144), (32, 1, 1024, 128, 128)])
 def test_chunk_rows_fill_one_wave_within_shared_memory(heads, group, t, d, want):
-    """One wave of resident blocks (4 per SM for one query row, 2 for GQA groups) unless the
-    scores would overflow shared memory."""
+    """One wave of resident blocks (4 per SM for one query row, 2 for GQA groups), the rows split
+    evenly in 16-row steps, unless the scores would overflow shared memory."""
     shape = da.DecodeShape(heads, group, t, d, "float32", 0.1)
     rows = da.chunk_rows(shape, 132)
     assert rows == want
     fits = math.ceil(t / rows) * heads <= da.resident_blocks(shape) * 132
-    assert fits or 2 * rows > da._max_chunk(shape)
+    assert fits or rows == da._max_chunk(shape)
+    assert rows % da.CHUNK_ALIGN == 0 or rows == da._max_chunk(shape)
     floats = group * rows + (da.THREADS // 32) * group * d + 2 * group + 1
     assert floats <= da.SHARED_FLOATS
 

@@ -42,6 +42,7 @@ THREADS = 256
 MAX_GROUP = 8                  # query rows per KV head (LLaMA-style GQA groups are 4 or 8)
 SHARED_FLOATS = 12288          # 48 KiB of static shared memory: scores, per-warp sums, stats
 MIN_CHUNK = 64
+CHUNK_ALIGN = 16               # chunk lengths in whole 16-row steps (a tile's rows per pass)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +107,18 @@ def _unroll(packs_per_thread: int) -> int:
 
 
 def chunk_rows(shape: DecodeShape, sm_count: int) -> int:
-    """KV rows per block: the smallest power of two (>= MIN_CHUNK) that keeps the grid within
-    one wave of resident blocks, so that no partial second wave runs on part of the SMs, and
-    each block streams as long a chunk as the parallelism allows (fewer partials to combine)."""
-    rows, cap = MIN_CHUNK, _max_chunk(shape)
-    while rows < cap and math.ceil(shape.kv_len / rows) * shape.heads > resident_blocks(shape) * sm_count:
-        rows *= 2
-    return rows
+    """KV rows per block: the KV length split evenly over as many chunks per head as one wave of
+    resident blocks holds (rounded up to CHUNK_ALIGN rows, at least MIN_CHUNK), so that no partial
+    second wave runs on part of the SMs and each block streams as long a chunk as the parallelism
+    allows (fewer partials to combine). Not a power of two: 1025 rows (a 1K cache and the step's
+    token) over 32 fp16 heads of 128 (2 resident blocks an SM) take 8 chunks of 144 rows (256
+    blocks) where powers of two gave 5 of 256 (160 blocks, the last with one row). The kernel masks
+    the rows past a chunk's end."""
+    wave = resident_blocks(shape) * sm_count
+    per_head = max(1, wave // max(shape.heads, 1))
+    rows = max(MIN_CHUNK, -(-shape.kv_len // per_head))
+    rows = -(-rows // CHUNK_ALIGN) * CHUNK_ALIGN
+    return min(rows, _max_chunk(shape))
 
 
 def _max_chunk(shape: DecodeShape) -> int:
