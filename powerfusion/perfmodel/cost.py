@@ -48,9 +48,13 @@ SUMEXP_FLOPS = 12    # reduce(sumexp) per element: an exp (scalar.py counts 8), 
 # 0 / 2 / 3 / 4 such exchanges ran 3.4 / 4.05 / 4.2-4.9 / 4.6 us, ~0.3 us each, where the
 # model had charged 0.01 us and picked a 2-exchange plan over the plan without any.
 EXCHANGE_LATENCY = 0.6
-# integer instructions (address and mask arithmetic, index_cost.py) issue at this fraction of
-# the fp32 FMA instruction rate: sm_90 runs INT32 on 64 of an SM's 128 lanes per clock
-INT_RATE = 0.5
+# integer instructions (address and mask arithmetic, index_cost.py) issue at this multiple of
+# the fp32 FMA instruction rate. Fitted on the H200 against the channel shuffle's measured plan
+# space (benchmarks/results/perfmodel-accuracy-shuffle.md): at 0.5 (INT32 on 64 of an SM's 128
+# lanes per clock) the four plans bound by per-element div/mod measured 0.34-0.69 of their
+# prediction (median ~0.5); sm_90 also issues IMAD on the FMA pipe, and nvcc shares some of the
+# arithmetic between the unrolled elements, so 1.0.
+INT_RATE = 1.0
 _DEFAULT_OCC = Occupancy(1 << 20, 1 << 20, 1 << 40, 1 << 20, 1 << 40, 1 << 40, 0)  # no residency limits modelled
 
 
