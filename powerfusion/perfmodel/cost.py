@@ -309,13 +309,14 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
             if amp > 1.0:  # extra sectors of an uncoalesced access keep the load/store units busy
                 scatter_s += nbytes * (amp - 1.0) / _scatter_rate(t, is_write, sms_used)
             vec = _rendered_vec(op, s, P, t)
+            # global addresses only: the flat stencil's per-element // and % into its shared
+            # tile measured fastest all the same (gir-dwconv.md), so shared ones are not charged
             index_ops += _elements(s, units) * slice_index_ops(s, vec)
             lanes_used = min(P.lanes, max(1, -(-s.width // max(1, vec))))
             # loads into registers are unrolled over segments and lane chunks; stores need no wait
             ilp = ILP_CAP if is_write else _load_ilp(op, s, P, t)
             inflight = max(inflight, lanes_used * vec * _itemsize(s.dtype) * ilp)
         elif s.level == Level.SHARED:
-            index_ops += _elements(s, units) * slice_index_ops(s, _access_vec(s, units))
             rate = t.levels["shared"].bandwidth * sms_used / t.groups_concurrent
             shared_s += nbytes * _bank_conflicts(s, units, P) / rate
     memory_s = shared_s + scatter_s
