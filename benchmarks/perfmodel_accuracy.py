@@ -4,7 +4,7 @@
 
 Two steps, because lowering and rewriting every plan is CPU work and GPU time is scarce:
 
-    python3 benchmarks/perfmodel_accuracy.py prepare out/perfmodel_plans.pkl   # any machine
+    python3 benchmarks/perfmodel_accuracy.py prepare out/perfmodel_plans.pkl [CASES [LIMIT]]  # any machine
     python3 benchmarks/perfmodel_accuracy.py run out/perfmodel_plans.pkl $OUT [calibration.json]  # on the GPU
     python3 benchmarks/perfmodel_accuracy.py prepare-model model.onnx out/plans.pkl [LIMIT]  # a model's subgraphs
 
@@ -95,7 +95,7 @@ def transpose3d(A, B, C):
     return _model([h.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], [("x", [A, B, C])], [("y", [A, C, B])])
 
 
-def channel_shuffle(C, H, W):
+def channel_shuffle(C, H, W, N=1):
     """ShuffleNetV2's concat -> reshape -> transpose -> reshape -> split (the paper's Figure 3)."""
     from onnx import helper as h
     nodes = [h.make_node("Concat", ["a", "b"], ["c"], axis=1),
@@ -103,8 +103,8 @@ def channel_shuffle(C, H, W):
              h.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 1, 3, 4]),
              h.make_node("Reshape", ["t", "s2"], ["r2"]),
              h.make_node("Split", ["r2", "sp"], ["y1", "y2"], axis=1)]
-    return _model(nodes, [("a", [1, C, H, W]), ("b", [1, C, H, W])], [("y1", [1, C, H, W]), ("y2", [1, C, H, W])],
-                  [_const("s1", np.array([1, 2, C, H, W], np.int64)), _const("s2", np.array([1, 2 * C, H, W], np.int64)),
+    return _model(nodes, [("a", [N, C, H, W]), ("b", [N, C, H, W])], [("y1", [N, C, H, W]), ("y2", [N, C, H, W])],
+                  [_const("s1", np.array([N, 2, C, H, W], np.int64)), _const("s2", np.array([N, 2 * C, H, W], np.int64)),
                    _const("sp", np.array([C, C], np.int64))])
 
 
@@ -148,6 +148,8 @@ CASES = {  # small sizes keep lowering and rewriting every plan affordable on a 
     "big_gelu_8192x3072": lambda: gelu_chain(8192 * 3072),
     "big_decode_attention_48x16384x64": lambda: decode_attention(48, 16384, 64),
     "big_decode_attention_48x4096x64": lambda: decode_attention(48, 4096, 64),
+    # the subgraph suite's ShuffleNet shuffle (gir_cases.py); its whole plan space: prepare ... 32
+    "big_channel_shuffle_64x232x28x28": lambda: channel_shuffle(116, 28, 28, N=64),
 }
 
 
@@ -443,7 +445,8 @@ def compile_time(model: str, cache_dir: str, jobs: int = 1, limit: int = 8, beam
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "prepare":
-        prepare(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else None)
+        prepare(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else None,
+                int(sys.argv[4]) if len(sys.argv) > 4 else 8)
     elif cmd == "prepare-model":
         prepare_model(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 24)
     elif cmd == "run":

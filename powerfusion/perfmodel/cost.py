@@ -31,6 +31,7 @@ from powerfusion.backends.registry import backend
 from powerfusion.gir.expr import affine_coefficient, evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Scope, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units
+from powerfusion.perfmodel.index_cost import slice_index_ops
 from powerfusion.targets.specs import MemorySystem, Occupancy, TargetSpec, get_target
 
 ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops; registers bound it)
@@ -47,6 +48,13 @@ SUMEXP_FLOPS = 12    # reduce(sumexp) per element: an exp (scalar.py counts 8), 
 # 0 / 2 / 3 / 4 such exchanges ran 3.4 / 4.05 / 4.2-4.9 / 4.6 us, ~0.3 us each, where the
 # model had charged 0.01 us and picked a 2-exchange plan over the plan without any.
 EXCHANGE_LATENCY = 0.6
+# integer instructions (address and mask arithmetic, index_cost.py) issue at this multiple of
+# the fp32 FMA instruction rate. Fitted on the H200 against the channel shuffle's measured plan
+# space (benchmarks/results/perfmodel-accuracy-shuffle.md): at 0.5 (INT32 on 64 of an SM's 128
+# lanes per clock) the four plans bound by per-element div/mod measured 0.34-0.69 of their
+# prediction (median ~0.5); sm_90 also issues IMAD on the FMA pipe, and nvcc shares some of the
+# arithmetic between the unrolled elements, so 1.0.
+INT_RATE = 1.0
 _DEFAULT_OCC = Occupancy(1 << 20, 1 << 20, 1 << 40, 1 << 20, 1 << 40, 1 << 40, 0)  # no residency limits modelled
 
 
@@ -278,6 +286,7 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
     inflight = 0.0
     scatter_s = 0.0
     shared_s = 0.0
+    index_ops = 0.0
     for s, is_write in [(s, False) for s in op.inputs] + [(s, True) for s in op.outputs]:
         nbytes = _elements(s, units) * _itemsize(s.dtype)
         by_level[s.level.label] = by_level.get(s.level.label, 0.0) + nbytes
@@ -300,6 +309,9 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
             if amp > 1.0:  # extra sectors of an uncoalesced access keep the load/store units busy
                 scatter_s += nbytes * (amp - 1.0) / _scatter_rate(t, is_write, sms_used)
             vec = _rendered_vec(op, s, P, t)
+            # global addresses only: the flat stencil's per-element // and % into its shared
+            # tile measured fastest all the same (gir-dwconv.md), so shared ones are not charged
+            index_ops += _elements(s, units) * slice_index_ops(s, vec)
             lanes_used = min(P.lanes, max(1, -(-s.width // max(1, vec))))
             # loads into registers are unrolled over segments and lane chunks; stores need no wait
             ilp = ILP_CAP if is_write else _load_ilp(op, s, P, t)
@@ -320,10 +332,13 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
         limits.append("load/store issue")
     flops = _flops(op, units, P)
     compute_s = 0.0
+    warps_per_sm = concurrent / max(1, sms_used)
+    issue = sms_used / t.groups_concurrent * min(1.0, warps_per_sm / ISSUE_WARPS)
     if flops:
-        warps_per_sm = concurrent / max(1, sms_used)
-        rate = t.vector_flops / 2 * sms_used / t.groups_concurrent * min(1.0, warps_per_sm / ISSUE_WARPS)
-        compute_s = flops / max(rate, 1.0)
+        compute_s = flops / max(t.vector_flops / 2 * issue, 1.0)
+    if index_ops:   # integer address and mask arithmetic (index_cost.py), at the INT32 issue rate
+        compute_s += index_ops / max(t.vector_flops / 2 * INT_RATE * issue, 1.0)
+        limits.append("index arithmetic")
     return Estimate(tuple(sorted(by_level.items())), flops, memory_s=memory_s, compute_s=compute_s,
                     limits=tuple(limits))
 

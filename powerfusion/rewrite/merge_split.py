@@ -6,10 +6,13 @@
 Each new move takes the reader's elements that writer w wrote: a condition on the unit
 (folded into the guard) or on the element (a valid mask on both slices: the source is not
 read and the destination not written elsewhere). The condition is chosen among simple
-candidates and checked against the exact element-by-element answer over every reader unit; a
-reader larger than patterns.SAMPLE_CAP elements (where other rules look at a sample) is left
-alone, since a sampled check accepted a wrong split (see compose_split). The intermediate
-disappears, so the rule fires only when it does not add gOperators (W*R <= W+R).
+candidates and checked against the exact element-by-element answer over every reader unit.
+A reader larger than patterns.SAMPLE_CAP elements (where other rules look at a sample) gets its
+coordinates and conditions chosen on the sample, then confirmed element by element over every
+unit (`_confirmed`, in chunks; readers past EXACT_CAP are left alone): a sampled check alone
+accepted a wrong split (see compose_split), and refusing every large reader left ShuffleNet-size
+channel shuffles as two kernels (twice the traffic). The intermediate disappears, so the rule
+fires only when it does not add gOperators (W*R <= W+R).
 """
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from powerfusion.gir.expr import Expr, binop, substitute, variables
-from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
+from powerfusion.gir.expr import Expr, binop, evaluate, loads, substitute, variables
+from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, units_key
 from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       without_syncs_on, writers)
-from powerfusion.rewrite.patterns import Coords, sampled_units, compact, composition_need, covering_coords, eval_over
+from powerfusion.rewrite.patterns import (Coords, sampled_units, compact, composition_need, covering_coords, eval_over,
+                                          conjuncts, evaluate_coords, grid, injective_exactly)
 
 
 def _and(*es):
@@ -83,18 +87,15 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         # elements, beyond it a fixed sample with digit probes (patterns.sampled_units), so that the
         # rule's cost does not grow with the tensor
         check = sampled_units(units[r], p2.count, exprs=(p2.index, pb.index) + tuple(g.ops[w].outputs[0].index for w in ws))
-        if len(check) < len(units[r]):
-            # a sample proves nothing here: the writers' coverage and the chosen conditions held on
-            # it and were wrong on units outside it (swin3d_b's shifted-window roll, a 2x56x56x128
-            # concat of concats: 1152 corner elements read from the wrong writer). Only an
-            # element-by-element check of every reader unit makes the rule exact.
+        sampled = len(check) < len(units[r])
+        if sampled and len(units[r]) * p2.count > EXACT_CAP:
             return None
         rvalid = eval_over(p2.valid, check, p2.num, p2.width, data).astype(bool).reshape(len(check), -1)
         bvalid = eval_over(pb.valid, check, pb.num, pb.width, data).astype(bool).reshape(len(check), -1)
         if np.any(bvalid & ~rvalid):
             return None      # the reader writes fill there: no writer's move would
         total = np.zeros_like(rvalid, dtype=np.int64)
-        parts = []
+        parts, chosen = [], []
         for w in ws:
             wop = g.ops[w]
             pa, p1 = wop.inputs[0], wop.outputs[0]
@@ -108,15 +109,19 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             c, covered = hit
             total += covered
             if not covered.any():
+                chosen.append((w, c, False))
                 continue
             cond, ok = _pick(_conditions(p1, wop, p2, c), covered, check, rvalid, p2, data)
             if not ok:
                 return None
-            parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data))
+            chosen.append((w, c, cond))
+            parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data, exact=sampled))
             if parts[-1] is None:
                 return None
         if not np.array_equal(total, rvalid.astype(np.int64)):
             return None      # some element read by none or by two writers
+        if sampled and not _confirmed(g, r, chosen, units, data):
+            return None
         new_ops[r] = parts
     ops = []
     for k, o in enumerate(g.ops):
@@ -126,7 +131,69 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
     return if_not_worse(g, Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
 
 
-def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers) -> GOp | None:
+EXACT_CAP = 1 << 24     # reader elements the rule confirms one by one (beyond: left alone)
+CONFIRM_CHUNK = 1 << 21  # reader elements evaluated at once while confirming
+
+
+_CONFIRMED: dict = {}   # the greedy driver asks again after unrelated rewrites elsewhere
+
+
+def _confirmed(g: GIRGraph, r: int, chosen, units, data) -> bool:
+    if data:   # constant data in the graph: an index may load it, so the answer is not memoised
+        return _confirm(g, r, chosen, units, data)
+    key = (g.ops[r].inputs[0], g.ops[r].outputs[0], g.parallel, units_key(units[r]),
+           tuple((g.ops[w].inputs[0].level, g.ops[w].outputs[0], units_key(units[w]), c, cond) for w, c, cond in chosen))
+    if key not in _CONFIRMED:
+        if len(_CONFIRMED) > 256:
+            _CONFIRMED.clear()
+        _CONFIRMED[key] = _confirm(g, r, chosen, units, data)
+    return _CONFIRMED[key]
+
+
+def _confirm(g: GIRGraph, r: int, chosen, units, data) -> bool:
+    """The choice made on a sample of reader units, checked on every unit: each writer is
+    injective, writes exactly the elements its condition selects (with its coordinates, as the
+    reader needs them), and every element the reader reads comes from exactly one writer.
+    `chosen`: (writer position, coordinates, condition; False: the writer covered nothing)."""
+    rop, P = g.ops[r], g.parallel
+    p2, pb = rop.inputs[0], rop.outputs[0]
+    for w, _, _ in chosen:
+        wop = g.ops[w]
+        if not injective_exactly(wop.outputs[0], units[w], P, data):
+            return False
+    r_units = np.asarray(units[r], np.int64)
+    step = max(1, CONFIRM_CHUNK // max(1, p2.count))
+    for lo in range(0, len(r_units), step):
+        part = r_units[lo:lo + step]
+        rvalid = eval_over(p2.valid, part, p2.num, p2.width, data).astype(bool).reshape(len(part), -1)
+        bvalid = eval_over(pb.valid, part, pb.num, pb.width, data).astype(bool).reshape(len(part), -1)
+        if np.any(bvalid & ~rvalid):
+            return False
+        total, reader = np.zeros(rvalid.shape, np.int64), {}
+        for w, c, cond in chosen:
+            wop = g.ops[w]
+            need = composition_need(wop.inputs[0].level, wop.outputs[0].level)
+            covered = evaluate_coords(wop.outputs[0], units[w], p2, part, c, P, need, data, reader)
+            if covered is None:
+                return False
+            if cond is False:
+                if covered.any():
+                    return False
+                continue
+            sel = eval_over(cond, part, p2.num, p2.width, data).astype(bool).reshape(len(part), -1)
+            if not np.array_equal(sel & rvalid, covered):
+                return False
+            total += covered
+        if not np.array_equal(total, rvalid.astype(np.int64)):
+            return False
+    return True
+
+
+def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers,
+                exact: bool = False) -> GOp | None:
+    """The composed move for one writer; `exact`: the units were sampled, so the refitted slices
+    (compact fits on a sample too) are checked against the composition on every unit, and the
+    composition is kept as it is where they differ."""
     pa, p2, pb = wop.inputs[0], rop.inputs[0], rop.outputs[0]
     va = c.at(pa.valid) if pa.valid is not None else None
     if va is not None and p2.valid is not None and pa.fill != p2.fill:
@@ -137,10 +204,69 @@ def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, unit
         guard = _and(rop.guard, cond)
     elif cond is not None:
         mask = cond
-    src = compact(MemorySlice(pa.buffer, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec,
-                              _and(va, p2.valid, mask), fill), units, buffers)
-    if not register_layout_ok(src):
-        return None
-    dst = replace(pb, valid=_and(pb.valid, mask))
-    return GOp(rop.args, (src,), (dst,), guard, rop.origin, uid)
+    raw_src = MemorySlice(pa.buffer, pa.level, c.at(pa.index), p2.num, p2.width, pa.dtype, p2.vec,
+                          _and(va, p2.valid, mask), fill)
+    raw = GOp(rop.args, (raw_src,), (replace(pb, valid=_and(pb.valid, mask)),), guard, rop.origin, uid)
+    src, dst = compact(raw_src, units, buffers), raw.outputs[0]
+    if mask is not None:   # the written elements' condition, refitted as the source's is
+        dst = compact(dst, units, buffers)
+    src, dst, new_guard = _unit_conditions_to_guard(src, dst, guard)
+    op = GOp(rop.args, (src,), (dst,), new_guard, rop.origin, uid)
+    if exact and not _same_elements(op, raw, units, buffers):
+        op = raw
+    return op if register_layout_ok(op.inputs[0]) else None
+
+
+_SAME: dict = {}   # (move, move, units) -> bool: the driver composes the same moves again after other rewrites
+
+
+def _same_elements(a: GOp, b: GOp, units, buffers) -> bool:
+    if any(loads(x.index) or (x.valid is not None and loads(x.valid)) for x in a.inputs + b.inputs):
+        return _same_elements_now(a, b, units, buffers)   # depends on constant data: not memoised
+    key = (a.inputs, a.outputs, a.guard, b.inputs, b.outputs, b.guard, units_key(units))
+    if key not in _SAME:
+        if len(_SAME) > 256:
+            _SAME.clear()
+        _SAME[key] = _same_elements_now(a, b, units, buffers)
+    return _SAME[key]
+
+
+def _same_elements_now(a: GOp, b: GOp, units, buffers) -> bool:
+    """Do two moves read and write the same addresses at the same elements of every unit?
+    (in chunks of units; each move's expressions share one memo of subexpression values, as a
+    raw composition's index and masks repeat the same subtrees)"""
+    units = np.asarray(units, np.int64)
+    s = a.inputs[0]
+    step = max(1, CONFIRM_CHUNK // max(1, s.count))
+    pairs = [(x, y) for x, y in zip(a.inputs + a.outputs, b.inputs + b.outputs)]
+    for lo in range(0, len(units), step):
+        part = units[lo:lo + step]
+        env, shape = grid(part, s.num, s.width), (len(part), s.num, s.width)
+        memo_a, memo_b = {}, {}
+
+        def value(e, memo, dtype=np.int64):
+            return np.broadcast_to(evaluate(e, env, buffers, memo), shape).astype(dtype) if e is not None \
+                else np.ones(shape, dtype)
+        ga, gb = value(a.guard, memo_a, bool), value(b.guard, memo_b, bool)
+        for x, y in pairs:
+            ma = ga & value(x.valid, memo_a, bool)
+            mb = gb & value(y.valid, memo_b, bool)
+            if not np.array_equal(ma, mb):
+                return False
+            if x.index != y.index and np.any((value(x.index, memo_a) != value(y.index, memo_b)) & ma):
+                return False
+    return True
+
+
+def _unit_conditions_to_guard(src: MemorySlice, dst: MemorySlice, guard: Expr | None):
+    """Conditions on the unit alone that both slices' masks carry become the guard's: the unit
+    skips the move instead of testing every element (the same elements are read and written)."""
+    if src.valid is None or dst.valid is None:
+        return src, dst, guard
+    theirs = conjuncts(dst.valid)
+    common = [c for c in dict.fromkeys(conjuncts(src.valid)) if variables(c) <= {"u"} and c in theirs]
+    if not common:
+        return src, dst, guard
+    rest = lambda e: _and(*(c for c in conjuncts(e) if c not in common))   # noqa: E731
+    return replace(src, valid=rest(src.valid)), replace(dst, valid=rest(dst.valid)), _and(guard, *common)
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads, substitute
+from powerfusion.gir.expr import (BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads,
+                                  substitute, variables)
 from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key
 
 _ADDR = Var("addr")
@@ -291,7 +292,27 @@ def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
     return None if best is None else (best[0], best[1].reshape(len(r_units), -1))
 
 
-def _grid(units, num, width):
+def evaluate_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray, c: Coords,
+                    parallel: Parallel, need: str | None, buffers=None, reader: dict | None = None) -> np.ndarray | None:
+    """`covered` [units, num*width] of one writer at coordinates `c` found elsewhere (on a sample),
+    over exactly `r_units`: the valid reader elements it wrote there; None where it wrote one
+    but not as `need` allows, or the answer depends on runtime data. `reader`: as `_evaluate`'s."""
+    ev = _evaluate(w, w_units, r, r_units, c, parallel, need, buffers, reader)
+    if ev is None:
+        return None
+    ok, hit, rmask = ev
+    if np.any(hit & ~ok & rmask):
+        return None
+    return (hit & rmask).reshape(len(r_units), -1)
+
+
+def injective_exactly(w: MemorySlice, w_units, parallel: Parallel, buffers=None) -> bool:
+    """`_injective` over every unit, however many (no sample): for rules that must be exact."""
+    return _injective_on(w, np.asarray(w_units, np.int64), parallel, buffers, sample=False)
+
+
+def grid(units, num, width):
+    """The u, i, j variables over a slice's grid (broadcastable), for `evaluate`."""
     return {"u": np.asarray(units, np.int64)[:, None, None], "i": np.arange(num)[None, :, None],
             "j": np.arange(width)[None, None, :]}
 
@@ -305,7 +326,7 @@ def eval_over(e: Expr | None, units, num: int, width: int, buffers=None) -> np.n
     shape = (len(units), num, width)
     if e is None:
         return np.ones(shape, bool)
-    return np.broadcast_to(evaluate(e, _grid(units, num, width), buffers), shape)
+    return np.broadcast_to(evaluate(e, grid(units, num, width), buffers), shape)
 
 
 def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers, reader: dict | None = None):
@@ -322,7 +343,7 @@ def _evaluate(w, w_units, r, r_units, c: Coords, parallel, need, buffers, reader
         if "addr" not in reader:
             # one memo of subexpression values over the reader's grid: the tries' coordinates are
             # built from the reader's index and share its subexpressions
-            env, seen = _grid(r_units, r.num, r.width), {}
+            env, seen = grid(r_units, r.num, r.width), {}
             addr = _full(evaluate(r.index, env, buffers, seen), shape)
             rmask = _full(evaluate(r.valid, env, buffers, seen), shape).astype(bool) if r.valid is not None \
                 else np.ones(shape, bool)
@@ -365,8 +386,9 @@ def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
 _INJECTIVE: dict = {}   # (slice, parallel, units) -> bool: the same writer is asked about by many readers
 
 
-def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
-    w_units = sampled_units(w_units, w.count, exprs=(w.index,))
+def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers, sample: bool = True) -> bool:
+    if sample:
+        w_units = sampled_units(w_units, w.count, exprs=(w.index,))
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
@@ -434,9 +456,39 @@ def _digit_expr(var: Expr, lo: int, hi: int | None, extent: int) -> Expr:
 def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None) -> Expr | None:
     """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
     shape = (len(units), num, width)
-    env = _grid(units, num, width)
+    env = grid(units, num, width)
     full = _full(evaluate(e, env, buffers), shape)
-    factors = _factors(_all_divisors(e))
+    for factors in _chain_sources(_all_divisors(e)):
+        f = _fit_chain(list(factors), env, full, units, num, width, where)
+        if f is not None:
+            return f
+    return None
+
+
+CHAINS_TRIED = 8   # radix chains _fit tries beyond the first
+
+
+def _chain_sources(divisors: set[int]) -> list[tuple[int, ...]]:
+    """Sorted divisor lists whose greedy radix chain `_fit` tries, in order: every factor of the
+    divisors (fine digits: powers of two first), then chains started at each divisor or ratio of
+    two divisors (a composed channel shuffle's (u % 116) // 2 + (u % 2) * 116 needs the chain
+    2, 116, 232, which the powers of two of the first chain miss)."""
+    first = tuple(_factors(divisors))
+    ratios = {a // b for a in divisors for b in divisors if a > b and a % b == 0}
+    cands = sorted(divisors | ratios)
+    out = [first]
+    for start in cands[:CHAINS_TRIED]:
+        chain = tuple(d for d in cands if d >= start and d % start == 0)
+        if chain not in out:
+            out.append(chain)
+        if len(out) > CHAINS_TRIED:
+            break
+    return out
+
+
+def _fit_chain(factors: list[int], env, full, units, num: int, width: int, where: np.ndarray) -> Expr | None:
+    """_fit with the digits of u, i and j cut at the radix chain `factors` gives."""
+    shape = full.shape
     # A digit depends on one axis only, so its values are computed on that axis and broadcast
     # (or picked at the sampled elements) instead of over every element (the same numbers).
     dense = full.size > 0 and bool(where.all())
@@ -498,21 +550,44 @@ def _size(e: Expr) -> int:
 
 def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None) -> Expr:
     """A valid mask with always-true comparisons dropped and each compared side refitted
-    (exactly, on every element: the mask itself decides which elements count)."""
+    (exactly, on every element: the mask itself decides which elements count). In a
+    conjunction a comparison only matters where the others hold: it is dropped where they imply
+    it, and its sides are refitted there (a composed shuffle's 'plane index % 232 < 116' is a
+    function of the unit alone inside the plane, 'i * 128 + j < 784')."""
+    parts = conjuncts(e)
+    vals = [eval_over(p, units, num, width, buffers).astype(bool) for p in parts]
+    keep = list(range(len(parts)))
+    out = list(parts)
+    for k in range(len(parts)):
+        if not (isinstance(parts[k], BinOp) and parts[k].op in _COMPARE) or loads(parts[k]):
+            continue
+        where = np.ones((len(units), num, width), bool)
+        for m in keep:
+            if m != k:
+                where &= vals[m]
+        if bool(np.all(vals[k] | ~where)):
+            keep.remove(k)     # implied by the others (or always true)
+            continue
+        sides = []
+        for side in (parts[k].a, parts[k].b):
+            # a small side is refitted too where the others narrow the elements: it may lose
+            # its dependence on i and j there (then the condition is one on the unit alone)
+            small = _size(side) < _WORTH_FITTING and (bool(where.all()) or variables(side) <= {"u"})
+            f = None if small else _fit(side, units, num, width, where, buffers)
+            better = f is not None and (_size(f) < _size(side) or len(variables(f)) < len(variables(side)))
+            sides.append(f if better else side)
+        out[k] = binop(parts[k].op, sides[0], sides[1])
+    result: Expr = Const(1)
+    for k in keep:
+        result = out[k] if result == Const(1) else binop("and", result, out[k])
+    return result
+
+
+def conjuncts(e: Expr) -> list[Expr]:
+    """The terms of a conjunction ('and' nested any way), in order."""
     if isinstance(e, BinOp) and e.op == "and":
-        a, b = compact_mask(e.a, units, num, width, buffers), compact_mask(e.b, units, num, width, buffers)
-        return binop("and", a, b) if a != Const(1) and b != Const(1) else (b if a == Const(1) else a)
-    if not (isinstance(e, BinOp) and e.op in _COMPARE) or loads(e):
-        return e
-    vals = eval_over(e, units, num, width, buffers).astype(bool)
-    if vals.all():
-        return Const(1)
-    everywhere = np.ones((len(units), num, width), bool)
-    sides = []
-    for side in (e.a, e.b):
-        f = None if _size(side) < _WORTH_FITTING else _fit(side, units, num, width, everywhere, buffers)
-        sides.append(f if f is not None and _size(f) < _size(side) else side)
-    return binop(e.op, sides[0], sides[1])
+        return conjuncts(e.a) + conjuncts(e.b)
+    return [e]
 
 
 def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
