@@ -111,6 +111,9 @@ _SHARED: tuple = ()   # (todo, graph, target, decide, search keywords), inherite
 def _search_forked(todo, graph, t, workers: int, bar, decide, search_kw) -> None:
     import multiprocessing as mp
     global _SHARED
+    if mp.current_process().daemon:   # a multiprocessing.Pool worker may not start children: one process
+        _search_here(todo, graph, t, bar, decide, search_kw)
+        return
     try:
         ctx = mp.get_context("fork")
     except ValueError:   # no fork on this platform: one process

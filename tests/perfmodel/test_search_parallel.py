@@ -95,3 +95,20 @@ def test_search_settings_from_the_environment():
     assert _from_environment({}).search_workers == 0 and _from_environment({}).search_plans is None
     with pytest.raises(PowerFusionError, match="POWERFUSION_SEARCH_WORKERS"):
         _from_environment({"POWERFUSION_SEARCH_WORKERS": "many"})
+
+
+def _compile_in_worker(args):
+    graph, cache_dir = args
+    from powerfusion import options
+    with options.context(cache_dir=cache_dir):
+        return len(compile(graph, "cuda", CompileOptions(workers=2, render=False)).kernel_steps)
+
+
+def test_compile_inside_a_pool_worker_searches_in_its_own_process(model, tmp_path):
+    """A multiprocessing.Pool worker is daemonic and may not start processes: compiling there
+    (a user's pool, or benchmarks/precompile_conformance.py) searches in that worker instead of
+    failing with "daemonic processes are not allowed to have children"."""
+    import multiprocessing as mp
+    plancache.clear_memo()
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.map(_compile_in_worker, [(model, tmp_path / "pool")])[0] == 3
