@@ -577,6 +577,11 @@ def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None)
             better = f is not None and (_size(f) < _size(side) or len(variables(f)) < len(variables(side)))
             sides.append(f if better else side)
         out[k] = binop(parts[k].op, sides[0], sides[1])
+        # later conjuncts are refitted under this one as it now reads: each step keeps the
+        # conjunction exact (a term changed only where all the others, as they are, hold), where
+        # refitting two terms each under the other's original form is not (both may turn true
+        # where both were false: a ConvTranspose's zero-stuffing mask kept the odd rows)
+        vals[k] = eval_over(out[k], units, num, width, buffers).astype(bool)
     result: Expr = Const(1)
     for k in keep:
         result = out[k] if result == Const(1) else binop("and", result, out[k])
