@@ -26,7 +26,7 @@ from powerfusion.gir.ir import GIRGraph
 from powerfusion.gir.traffic import kernel_count, traffic
 from powerfusion import options, rewrite
 from powerfusion.pipeline import plancache, search
-from powerfusion.pipeline.search import PlanChoice, feasibility
+from powerfusion.pipeline.search import PlanChoice, equivalence, feasibility
 from powerfusion.targets.specs import TargetSpec
 from powerfusion.templates import merge
 
@@ -63,7 +63,7 @@ def choose_default(sub: Subgraph, graph: BasicGraph, t: TargetSpec, stage) -> Pl
         merged = merge.lower_subgraph(sub, graph, None, t)
     try:
         g, trace = rewrite.optimise(merged)
-        reason = feasibility(g, t)
+        reason = feasibility(g, t) or equivalence(g, merged)
     except Exception as e:  # a rule refusing this plan rejects the rewrite, not the subgraph
         g, trace, reason = merged, [], f"rewrite: {type(e).__name__}: {e}"[:300]
     note = ""

@@ -33,3 +33,18 @@ def test_rewritten_zero_stuffing_matches_the_merged_kernel(n, stride):
         got, want = run_gir(step.gir, feeds), run_gir(step.merged, feeds)
         for name in step.gir.outputs:
             np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_search_rejects_a_rewritten_plan_that_computes_something_else():
+    """The search's numeric check (pipeline/search.py: equivalence) runs a small rewritten plan
+    against its merged plan: a plan that reads the input where the merged one writes zeros is
+    refused (the mask-refit bug above would have been caught there)."""
+    from dataclasses import replace
+    from powerfusion.compiler import compile_model
+    from powerfusion.pipeline.search import equivalence
+    step = compile_model(_conv_transpose(3, 2), "cuda").kernel_steps[0]
+    assert equivalence(step.gir, step.merged) == ""
+    op = step.merged.ops[0]
+    unmasked = replace(op, inputs=(replace(op.inputs[0], valid=None),))
+    broken = replace(step.merged, ops=(unmasked,) + tuple(step.merged.ops[1:]))
+    assert equivalence(broken, step.merged) != ""
