@@ -132,13 +132,19 @@ def test_choose_plans_searches_each_structure_once(two_layernorms, cache):
     assert out[0].labels == out[1].labels and out[0].graph.outputs != out[1].graph.outputs
 
 
-def test_choose_plans_spreads_distinct_structures_over_processes(cache):
+def _layernorm_beside_softmax():
+    """Two subgraphs of different structure: a LayerNorm and a Softmax on separate inputs."""
     nodes = [h.make_node("LayerNormalization", ["x1", "g", "b"], ["y1"], axis=-1),
              h.make_node("Softmax", ["x2"], ["y2"], axis=-1)]
     inits = [h.make_tensor(n, T.FLOAT, [N], np.ones(N, np.float32)) for n in ("g", "b")]
     g = h.make_graph(nodes, "two", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
                      [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
     graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    return graph
+
+
+def test_choose_plans_spreads_distinct_structures_over_processes(cache):
+    graph = _layernorm_beside_softmax()
     subs = _separate_subgraphs(graph)
     from powerfusion.pipeline.search import choose_plans
     out = choose_plans(subs, graph, H100, jobs=2, limit=4, beam=2)
@@ -157,12 +163,7 @@ def test_choose_plans_inside_a_pool_worker_searches_in_process(cache):
     searches in its own process (it raised "daemonic processes are not allowed to have
     children", found by a precompile run of the conformance cases)."""
     import multiprocessing as mp
-    nodes = [h.make_node("LayerNormalization", ["x1", "g", "b"], ["y1"], axis=-1),
-             h.make_node("Softmax", ["x2"], ["y2"], axis=-1)]
-    inits = [h.make_tensor(n, T.FLOAT, [N], np.ones(N, np.float32)) for n in ("g", "b")]
-    g = h.make_graph(nodes, "two", [h.make_tensor_value_info(x, T.FLOAT, [R, N]) for x in ("x1", "x2")],
-                     [h.make_tensor_value_info(y, T.FLOAT, [R, N]) for y in ("y1", "y2")], inits)
-    graph = import_model(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]))
+    graph = _layernorm_beside_softmax()
     with mp.get_context("fork").Pool(1) as pool:
         sources = pool.map(_choose_two_in_worker, [(graph, _separate_subgraphs(graph))])[0]
     assert sources == ["search", "search"]

@@ -54,14 +54,18 @@ def test_every_gpu_dialect_spells_float_mod_with_its_helper():
         assert r.scalar("floor_mod", {}, ["a", "b"], "float32") == "pf_floor_modf(a, b)"
 
 
-@pytest.mark.parametrize("dtype,elem", [(np.float32, T.FLOAT), (np.float64, T.DOUBLE)])
-def test_cpu_session_float_mod_is_numpys(dtype, elem):
+def _check_float_mod(target: str, dtype, elem: int) -> None:
     import powerfusion
     x, y = _feeds(dtype)
     with np.errstate(all="ignore"):
         want = np.mod(x, y)
-    sess = powerfusion.InferenceSession(_mod_model(elem, x.size).SerializeToString(), target="cpu")
+    sess = powerfusion.InferenceSession(_mod_model(elem, x.size).SerializeToString(), target=target)
     _assert_bit_equal(sess.run(None, {"x": x, "y": y})[0], want)
+
+
+@pytest.mark.parametrize("dtype,elem", [(np.float32, T.FLOAT), (np.float64, T.DOUBLE)])
+def test_cpu_session_float_mod_is_numpys(dtype, elem):
+    _check_float_mod("cpu", dtype, elem)
 
 
 def test_device_layout_keeps_rank_zero():
@@ -83,12 +87,7 @@ def test_emitted_cuda_float_mod_compiles():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,elem", [(np.float32, T.FLOAT), (np.float64, T.DOUBLE)])
 def test_cuda_float_mod_is_numpys(dtype, elem):
-    import powerfusion
-    x, y = _feeds(dtype)
-    with np.errstate(all="ignore"):
-        want = np.mod(x, y)
-    sess = powerfusion.InferenceSession(_mod_model(elem, x.size).SerializeToString(), target="cuda")
-    _assert_bit_equal(sess.run(None, {"x": x, "y": y})[0], want)
+    _check_float_mod("cuda", dtype, elem)
 
 
 @pytest.mark.gpu
@@ -138,9 +137,6 @@ def test_float64_cpu_kernels_compute_in_double():
 @pytest.mark.gpu
 def test_cuda_float64_kernels_compute_in_double():
     import powerfusion
-    g = h.make_graph([h.make_node("Sqrt", ["x"], ["s"]), h.make_node("Exp", ["s"], ["z"])], "f64",
-                     [h.make_tensor_value_info("x", T.DOUBLE, [64])], [h.make_tensor_value_info("z", T.DOUBLE, [64])])
-    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     x = np.linspace(0.01, 4.0, 64)
-    got = powerfusion.InferenceSession(model.SerializeToString(), target="cuda").run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, np.exp(np.sqrt(x)), rtol=1e-13, atol=0)
+    got = powerfusion.InferenceSession(_exp_sqrt_sigmoid_f64().SerializeToString(), target="cuda").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-np.exp(np.sqrt(x)))), rtol=1e-13, atol=0)
