@@ -13,7 +13,7 @@ if ! python3 -c "import cudnn" 2>/dev/null; then
 fi
 LOGS=$(mktemp -d)
 py() { timeout "$1" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE "${@:2}"; }
-( py $T tests/test_*.py tests/runtime tests/viz > "$LOGS/api-runtime.txt" 2>&1 ) &
+( py $T tests/test_*.py tests/unit tests/runtime tests/viz > "$LOGS/api-runtime.txt" 2>&1 ) &
 ( py $T tests/precision tests/ape tests/reliability > "$LOGS/precision-ape-reliability.txt" 2>&1 ) &
 ( py $T tests/backends tests/rewrite tests/gir tests/templates tests/perfmodel > "$LOGS/backends-rewrite.txt" 2>&1 ) &
 ( py $T tests/ttile tests/frontend tests/models > "$LOGS/ttile-frontend-models.txt" 2>&1 ) &

@@ -5,7 +5,10 @@ Every test run compiles into its own cache folder (plans, kernels, compile resul
 the user's: `isolated_cache_dir` below. Tests that need a compiler call `require_tool` (or ask
 for the `nvcc` / `gxx` fixture): a missing compiler skips, and fails where CI requires it.
 `compiled(model, target)` is a bundled model (models/small/) compiled once per run.
-`--fast` runs the fast lane only (tests/fast_lane.py)."""
+
+Layout: `tests/unit/<package>/` is the fast lane -- unit tests that need no model compile,
+compiler, device or long search, seconds per file (`pytest tests/unit`); the other folders
+hold the model-level, toolchain, device, conformance and reliability tests."""
 from __future__ import annotations
 
 import functools
@@ -19,12 +22,23 @@ import pytest
 SMALL_MODELS = Path(__file__).resolve().parents[1] / "models" / "small"
 
 
+def _run_cache_dir(tmp_path_factory) -> Path:
+    """This run's cache folder. Under pytest-xdist (`-n 2`) the workers share one, the parent of
+    their own temporary folders: a kernel or plan one worker compiled is a hit for the other
+    (entries are written to a temporary name and renamed into place, so concurrent writers of
+    the same entry are safe)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "powerfusion-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache_dir(tmp_path_factory):
     """A per-run cache folder for this process and the processes it starts (CLI tests inherit
     POWERFUSION_CACHE_DIR). PF_TEST_CACHE_DIR names a folder to keep between runs instead."""
     from powerfusion import options
-    path = Path(os.environ.get("PF_TEST_CACHE_DIR") or tmp_path_factory.mktemp("powerfusion-cache"))
+    path = Path(os.environ.get("PF_TEST_CACHE_DIR") or _run_cache_dir(tmp_path_factory))
     saved_env, saved = os.environ.get("POWERFUSION_CACHE_DIR"), options.current().cache_dir
     os.environ["POWERFUSION_CACHE_DIR"] = str(path)
     options.set_defaults(cache_dir=path)
@@ -79,24 +93,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
 
 
-def pytest_addoption(parser):
-    parser.addoption("--fast", action="store_true",
-                     help="the fast lane only: unit tests, seconds per file (tests/fast_lane.py lists it)")
-
-
-def pytest_ignore_collect(collection_path, config):
-    if config.getoption("--fast"):
-        from fast_lane import left_out
-        return True if left_out(collection_path) else None
-    return None
-
-
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--fast"):   # the lane needs no device, browser or minutes
-        slow = [i for i in items if {"gpu", "browser", "slow"} & set(i.keywords)]
-        if slow:
-            config.hook.pytest_deselected(items=slow)
-            items[:] = [i for i in items if i not in slow]
     for item in items:
         if "gpu" in item.keywords and (reason := gpu_missing_reason()):
             item.add_marker(pytest.mark.skip(reason=reason))

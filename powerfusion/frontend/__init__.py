@@ -2,7 +2,7 @@
 and partition into library calls and memory-bound subgraphs.
 
 Its modules import one another in one direction only, each at file level (README.md lists the
-order; tests/test_layering.py keeps it)."""
+order; tests/unit/test_layering.py keeps it)."""
 from __future__ import annotations
 
 from powerfusion.basic import BasicGraph

@@ -24,7 +24,7 @@ KINDS = frozenset(KIND_OF.values())
 
 def matches(*kinds: str):
     """Declare the gOperator kinds a rule can fire on at its position (`rule.kinds`); a rule
-    without a declaration is tried at every gOperator. tests/rewrite/test_dispatch.py checks
+    without a declaration is tried at every gOperator. tests/unit/rewrite/test_dispatch.py checks
     that a rule never fires on a kind it does not declare."""
     unknown = set(kinds) - KINDS
     if unknown or not kinds:

@@ -26,7 +26,7 @@ and an iteration cap backs it: exceeding it is a bug and raises.
 Dispatch. At each position the driver tries only the rules declared (`@matches`, base.py) for
 that gOperator's kind, in table order: the first that fires is the one that would fire if
 every rule were tried there, since an undeclared rule never fires on that kind
-(tests/rewrite/test_dispatch.py compares both on every example graph).
+(tests/unit/rewrite/test_dispatch.py compares both on every example graph).
 """
 from __future__ import annotations
 

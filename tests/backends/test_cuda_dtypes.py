@@ -2,7 +2,7 @@
 memory-bound subgraphs, converted from float32 (weights, inputs, outputs, Cast targets).
 
 Reference: onnxruntime CPU on the float32 model whose weights and inputs are the low-precision
-values (rounded, then widened back), as tests/frontend/test_dtypes.py does; onnxruntime's CPU
+values (rounded, then widened back), as tests/unit/frontend/test_dtypes.py does; onnxruntime's CPU
 provider lacks bfloat16 (and float16) kernels for several of these ops. So the reference is
 exact arithmetic on the same numbers, and the difference measures our intermediate rounding.
 

@@ -342,7 +342,7 @@ def test_session_attends_over_the_cache_and_new_rows_in_place():
     """A decode step's Concat(cache, new) -> attention: one split-KV launch reading both (no
     Concat kernel), captured; against the interpreter on the unfused graph, fp16 2e-3."""
     import powerfusion
-    from tests.frontend.test_kv_append import _feeds, _model
+    from tests.unit.frontend.test_kv_append import _feeds, _model
     model = _model(rows=1)
     feeds = _feeds(model)
     want = run_basic_graph(import_model(model), feeds)["y"]

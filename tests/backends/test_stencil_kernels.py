@@ -18,7 +18,7 @@ from powerfusion.backends.cuda.renderer import CUDARenderer  # noqa: E402
 from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
 from powerfusion.gir.interpreter import np_dtype, run_gir  # noqa: E402
 from powerfusion.templates import buffer_names  # noqa: E402
-from tests.templates.test_stencil import CASES, conv_case, stencil_candidates  # noqa: E402
+from tests.unit.templates.test_stencil import CASES, conv_case, stencil_candidates  # noqa: E402
 
 TOL = {"float32": (2e-5, 2e-5), "float16": (1e-3, 1e-3)}
 
@@ -110,7 +110,7 @@ def test_dwconv_bn_silu_session_on_gpu(dtype):
     InferenceSession(target="cuda") (the plan of the test above): numbers of numpy's float64
     reference."""
     from powerfusion import InferenceSession
-    from tests.templates.test_stencil import numpy_depthwise
+    from tests.unit.templates.test_stencil import numpy_depthwise
     model, p = dwconv_bn_silu_model(dtype)
     x = np.random.default_rng(4).standard_normal((1, 384, 14, 14)).astype(np.dtype(dtype))
     got = InferenceSession(model.SerializeToString(), target="cuda").run(None, {"x": x})[0].astype(np.float64)

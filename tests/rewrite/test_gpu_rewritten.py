@@ -12,7 +12,7 @@ from powerfusion.gir.interpreter import np_dtype, run_gir
 from powerfusion.templates.merge import lower_subgraph
 from powerfusion.rewrite import optimise
 from tests.rewrite import example_models as M
-from tests.rewrite.test_examples import best_plan
+from tests.unit.rewrite.test_examples import best_plan
 from tests.templates.strategies import basic_cases
 
 RTOL = ATOL = 2e-5
