@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from powerfusion import options as _options
-from powerfusion.backends import registry
+from powerfusion.targets import registry
 from powerfusion.errors import FeedError, PowerFusionError
 from powerfusion.basic import (BasicGraph, Conv, LibraryCall, MatMul, OnnxFallback, Partition, Subgraph,
                                TensorInfo, TypedMatMul, Attention)

@@ -40,7 +40,7 @@ def _compile(args) -> int:
     from powerfusion import compile_cache
     from powerfusion.targets.specs import get_target
     t0 = time.perf_counter()
-    from powerfusion.backends.registry import backend, source_backends
+    from powerfusion.targets.registry import backend, source_backends
     entry = backend(get_target(args.target).backend)
     if entry.extension is None:
         raise PowerFusionError(f"target '{args.target}' ({entry.name}) has no source backend; use "

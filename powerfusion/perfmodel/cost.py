@@ -27,7 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from powerfusion.backends.registry import backend
+from powerfusion.targets.registry import backend
 from powerfusion.gir.expr import affine_coefficient, evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Scope, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units

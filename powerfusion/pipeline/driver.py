@@ -23,7 +23,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
-from powerfusion.backends.registry import backend
+from powerfusion.targets.registry import backend
 from powerfusion.basic import BasicGraph, LibraryCall, Partition, Subgraph
 from powerfusion.pipeline.choose import choose, search_limits
 from powerfusion.pipeline.parallel import search_all

@@ -34,7 +34,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 
-from powerfusion.backends.registry import backend
+from powerfusion.targets.registry import backend
 from powerfusion.basic import BasicGraph, Subgraph
 from powerfusion.gir.ir import GIRGraph, Level, Sync
 from powerfusion.perfmodel.cost import Estimate, estimate, predict_seconds

@@ -1,5 +1,6 @@
 """What a target spec is: `TargetSpec` with its memory levels, occupancy limits and memory
-system (the figures of each target are in specs.py; calibration.py replaces them with
+system (the figures of each device are in its backend's folder, `backends/<name>/devices.py`,
+found through the registry; calibration.py replaces them with
 measured ones)."""
 from __future__ import annotations
 
@@ -63,3 +64,16 @@ class TargetSpec:
     def ridge_point(self, dtype: str = "float32") -> float:
         """FLOPs per byte above which an op is compute-bound."""
         return self.peak_flops.get(dtype, self.peak_flops["float32"]) / self.bandwidth
+
+
+def gpu_spec(name, backend, lanes, sms, bw, hbm, smem, regs, peaks, vec, launch, l2bw,
+             occupancy=None, memory=None) -> TargetSpec:
+    """A GPU's spec from its datasheet figures: DRAM bandwidth and size, shared memory and
+    registers per SM, peak FLOP/s per dtype, launch latency and L2 bandwidth."""
+    return TargetSpec(
+        name, backend, lanes, 32 if lanes == 32 else 16, sms,
+        {"global": LevelSpec(bw, hbm), "shared": LevelSpec(l2bw, smem), "register": LevelSpec(l2bw * 4, regs)},
+        peaks, vec, launch,
+        {"lane": 0.0, "warp": 2e-9, "block": 2e-8, "device": launch},
+        occupancy, memory,
+    )

@@ -1,4 +1,4 @@
-"""Cost hooks of the C-style backends (registered for cuda and hip in backends/registry.py):
+"""Cost hooks of the C-style backends (registered for cuda and hip in targets/registry.py):
 what the cost model needs to know about how this renderer executes a kernel."""
 from __future__ import annotations
 

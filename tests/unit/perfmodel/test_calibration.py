@@ -7,7 +7,7 @@ import pytest
 
 from powerfusion.targets.calibration import HERE, apply_calibration, target_key
 from powerfusion.perfmodel.cost import _per_sm_bandwidth
-from powerfusion.targets.specs import TARGETS, get_target
+from powerfusion.targets.specs import get_target, targets
 
 
 def test_device_names_map_to_targets():
@@ -21,7 +21,7 @@ def test_device_names_map_to_targets():
 def test_stored_calibration_is_applied_by_get_target(path):
     cal = json.loads(path.read_text())
     t = get_target(path.stem)
-    base = TARGETS[path.stem]
+    base = targets()[path.stem]
     assert t.calibrated and cal["device"] in t.calibrated
     assert t.launch_s == pytest.approx(cal["launch_s"])
     assert t.memory.achievable * t.bandwidth == pytest.approx(cal["copy_bandwidth"])
@@ -35,8 +35,8 @@ def test_stored_calibration_is_applied_by_get_target(path):
 def test_first_calibration_format_is_read_as_unrolled():
     cal = {"device": "X", "copy_bandwidth": 3e12, "launch_s": 1e-6, "sms": 132,
            "bw_vs_warps": [{"warps_per_sm": 1, "ilp": 1, "bandwidth": 1e12}], "latency_fit": {"latency_s": 1e-7}}
-    t = apply_calibration(TARGETS["h100"], cal)
+    t = apply_calibration(targets()["h100"], cal)
     assert t.memory.curve_ilp == 4.0                                  # nvcc unrolled the copy loop
-    assert t.memory.latency_s == TARGETS["h100"].memory.latency_s     # so its latency fit is ignored
-    t2 = apply_calibration(TARGETS["h100"], {**cal, "ilp_controlled": True})
+    assert t.memory.latency_s == targets()["h100"].memory.latency_s     # so its latency fit is ignored
+    t2 = apply_calibration(targets()["h100"], {**cal, "ilp_controlled": True})
     assert t2.memory.curve_ilp == 1.0 and t2.memory.latency_s == 1e-7

@@ -1,11 +1,13 @@
 """Every backend by name, in one table: what renders GIR to source, what compiles that source,
-what runs a model (where one can run here), what the cost model asks of it, and the source file
-extension. The CLI, the sessions, the search, the visualiser and the cost model read this table.
+what runs a model (where one can run here), what the cost model asks of it, the devices it is
+modelled on and the source file extension. The CLI, the sessions, the search, the visualiser,
+the cost model and the target specs (targets/specs.py) read this table.
 
 A backend's code lives in its own folder under `powerfusion/backends/`; entries name that code
 by "module:attribute" and load it only when asked, so this module imports no backend (and the
-cost model and search may read it without depending on one). Adding a backend is one folder
-and one `Backend(...)` line in BACKENDS (docs/design.md, "Adding a backend").
+ground floor, the cost model and the search may read it without depending on one). Adding a
+backend is one folder and one `Backend(...)` line in BACKENDS (docs/design.md, "Adding a
+backend").
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class Backend:
     cost_hooks: str | None = None       # module with streamed_ops(graph, ops, registers_per_lane), vector_copy(src, dst, lanes)
     render_in_search: bool = False      # the search renders each candidate to reject layouts early
     max_group_threads: int | None = None  # hardware limit on lanes x units per group, when it has one
+    devices: str | None = None          # "module:DICT": device name -> TargetSpec (backends/<name>/devices.py)
+    default_device: str | None = None   # the device the backend's own name (and its aliases) selects
+    aliases: tuple[str, ...] = ()       # other names of the default device, e.g. "cpu-reference"
 
     def load_renderer(self):
         """A renderer instance, or None where this backend renders no source."""
@@ -43,19 +48,26 @@ class Backend:
     def load_cost_hooks(self):
         return importlib.import_module(self.cost_hooks) if self.cost_hooks else None
 
+    def load_devices(self) -> dict:
+        return _load(self.devices) if self.devices else {}
+
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", ".c", "powerfusion.backends.cpu.renderer:CPURenderer",
             "the system C compiler (cc -O3 -march=native -fopenmp); target cpu-reference: none",
-            runtime="powerfusion.backends.cpu.session:compile_cpu_plan"),
+            runtime="powerfusion.backends.cpu.session:compile_cpu_plan",
+            devices="powerfusion.backends.cpu.devices:DEVICES", default_device="cpu", aliases=("cpu-reference",)),
     Backend("cuda", ".cu", "powerfusion.backends.cuda.renderer:CUDARenderer", "NVRTC / nvcc",
             runtime="powerfusion.backends.cuda.session:make_executor",
             runtime_check="powerfusion.backends.cuda.session:check_available",
             requires="an NVIDIA GPU and CuPy (pip install 'powerfusion[cuda]')",
-            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024),
+            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024,
+            devices="powerfusion.backends.cuda.devices:DEVICES", default_device="h200"),
     Backend("hip", ".hip", "powerfusion.backends.hip.renderer:HIPRenderer", "hipcc",
-            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024),
-    Backend("mlu", ".mlu", "powerfusion.backends.mlu.renderer:MLURenderer", "cncc (BANG C)"),
+            cost_hooks="powerfusion.backends.cstyle.cost", render_in_search=True, max_group_threads=1024,
+            devices="powerfusion.backends.hip.devices:DEVICES", default_device="mi250"),
+    Backend("mlu", ".mlu", "powerfusion.backends.mlu.renderer:MLURenderer", "cncc (BANG C)",
+            devices="powerfusion.backends.mlu.devices:DEVICES", default_device="mlu370"),
 )}
 
 
