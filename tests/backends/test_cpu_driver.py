@@ -83,17 +83,26 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((1, 16, 7, 7), (8, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, True),        # 1x1: a plain GEMM
     ((2, 8, 9, 9), (8, 1, 3, 3), (2, 1), (1, 1, 1, 1), (1, 1), 8, True),          # depthwise, strided, padded
     ((1, 8, 6, 7), (8, 1, 5, 3), (1, 2), (2, 0, 2, 1), (2, 1), 8, False),         # depthwise, dilated, uneven
-    ((2, 6, 14, 13), (6, 1, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 6, True),        # depthwise: the padded-plane path
-    ((1, 5, 9, 11), (5, 1, 3, 5), (1, 1), (0, 2, 1, 1), (1, 1), 5, False),        # plane path, uneven pads
+    ((2, 6, 14, 13), (6, 1, 5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 6, True),        # depthwise, padded
+    ((1, 5, 9, 11), (5, 1, 3, 5), (1, 1), (0, 2, 1, 1), (1, 1), 5, False),        # depthwise, uneven pads
+    # depthwise phase planes: stride 2 with odd and even left pads, stride 3 (the general column
+    # split), stride with dilation (taps in several phases), a window wider than the input, pads
+    # wider than the window (rows and columns that read only padding), ends cut by the stride
+    ((1, 7, 12, 13), (7, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 7, True),
+    ((1, 7, 12, 13), (7, 1, 4, 4), (2, 2), (0, 2, 1, 0), (1, 1), 7, False),
+    ((1, 3, 17, 16), (3, 1, 3, 5), (3, 3), (1, 2, 2, 1), (1, 1), 3, True),
+    ((1, 4, 15, 14), (4, 1, 3, 3), (2, 3), (2, 3, 2, 3), (2, 3), 4, True),
+    ((1, 3, 4, 3), (3, 1, 5, 5), (1, 2), (2, 2, 2, 2), (1, 1), 3, True),
+    ((1, 2, 3, 3), (2, 1, 2, 2), (2, 2), (5, 4, 3, 6), (1, 1), 2, True),
     ((1, 6, 10, 8), (9, 2, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1), 3, True),         # grouped, dilated, uneven pads
     ((1, 4, 8, 8), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, False),         # depth multiplier 2
     ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # few blocks: the GEMM split
     ((2, 16, 64, 60), (16, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),    # tiled im2col, dilated
     ((1, 16, 33, 31), (24, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),     # tiled, strided, uneven
     ((1, 16, 20, 20), (1, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # one output channel: direct
-    ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise blocks: a partial one
-    ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise: many row strips
-    ((1, 17, 90, 47), (17, 1, 3, 3), (1, 2), (0, 1, 2, 0), (2, 1), 17, False),    # strips, dilated, uneven pads
+    ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise, two images
+    ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise, threaded
+    ((1, 17, 90, 47), (17, 1, 3, 3), (1, 2), (0, 1, 2, 0), (2, 1), 17, False),    # depthwise, dilated, uneven pads
     # taps wholly right of the input (dilation > width, DeepLabV3's ASPP at rate 36 on 14x14):
     # their im2col rows are all zero and must write nothing before them
     ((1, 32, 64, 16), (64, 32, 1, 3), (1, 1), (0, 400, 0, 400), (1, 400), 1, True),   # tiled

@@ -39,7 +39,6 @@ from powerfusion.gir.interpreter import np_dtype
 FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
 CONV_TILE_MIN_COLUMNS = 256
-DW_BUFFER_BYTES = 96 * 1024    # a depthwise strip's gathered input rows: within a core's L2
 
 
 @dataclass(frozen=True)
@@ -205,9 +204,8 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
     direct = c == grp or m // grp <= 4   # as PF_DIRECT_MAX_OUTPUTS in driver.h
     pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
     nbuf = threads()
-    if c == grp == m:   # depthwise: channel blocks over strips of `rows` output rows (driver.h)
-        rows, scratch = depthwise_strips(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
-        scratch *= nbuf
+    if c == grp == m:   # depthwise: a channel's phase planes a job (driver.h)
+        rows, scratch = 0, depthwise_plane_scratch(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize) * nbuf
     else:
         # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
         # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
@@ -227,17 +225,16 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
     return None
 
 
-def depthwise_strips(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> tuple[int, int]:
-    """Output rows per strip of driver.h's channel-blocked depthwise conv (its padded input rows,
-    CB channels interleaved, within DW_BUFFER_BYTES where one output row allows) and the scratch
-    elements one thread needs: those rows, the taps' weights, an output row, one vector to align."""
+def depthwise_plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> int:
+    """Scratch elements one thread needs in driver.h's plane-direct depthwise conv: its phase
+    planes (in whole vectors), the positions read past them, the results, one vector to align."""
     (sh, sw), (dh, dw) = strides, dilations
-    vec = 64   # bytes: CB channels of one vector
-    cols = (ow - 1) * sw + (kw - 1) * dw + 1
-    span = (kh - 1) * dh + 1
-    rows = min(oh, max(1, (DW_BUFFER_BYTES // (cols * vec) - span) // sh + 1))
-    vectors = ((rows - 1) * sh + span) * cols + kh * kw + ow + 1
-    return rows, vectors * vec // itemsize
+    vec = 64 // itemsize
+    rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
+    pitch = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+    runs = -(-(oh * pitch) // vec) * vec
+    planes = -(-(sh * sw * rows * pitch) // vec) * vec
+    return planes + 2 * runs + vec
 
 
 def step_name(step) -> str:
