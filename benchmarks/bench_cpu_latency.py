@@ -16,7 +16,8 @@ thread count (onnxruntime: intra_op_num_threads; ours: OMP_NUM_THREADS and the B
 set before numpy loads). Runs come in three alternating blocks per runtime (see measure),
 median wall time per run, each block after one warm-up; per-step times (library calls and memory-bound
 subgraphs) of the three models with the worst ratio. Outputs are checked against onnxruntime:
-max |diff| / max |onnxruntime| per output. Writes benchmarks/results/cpu-latency.{json,md}.
+max |diff| / max |onnxruntime| per output. Writes benchmarks/results/cpu-latency.{json,md}
+(or `--out`).
 """
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def measure(name: str, load, threads: int, runs: int, budget_s: float) -> dict:
     return row
 
 
-def write(rows: list[dict], threads: int, load_start: float) -> None:
+def write(rows: list[dict], threads: int, load_start: float, out: Path) -> None:
     import math
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
@@ -175,7 +176,6 @@ def write(rows: list[dict], threads: int, load_start: float) -> None:
             "load_avg_1min_start": load_start,
             "geomean_ratio": geo, "worst_ratio": max(r["ratio"] for r in rows), "geomean_min_ratio": geo_min,
             "exported_geomean_ratio": geo_exp, "exported_geomean_min_ratio": geo_exp_min}
-    out = ROOT / "benchmarks" / "results" / "cpu-latency"
     out.with_suffix(".json").write_text(json.dumps({**meta, "models": rows}, indent=1) + "\n")
     lines = [f"# CPU latency: PowerFusion (target cpu) vs onnxruntime", "",
              f"{meta['date']}, commit {commit}, {meta['device']}, {threads} threads each, load average "
@@ -217,6 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=30, help="per runtime, over all blocks")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model, at most")
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu-latency",
+                    help="results path without suffix (.json and .md are written); another path for a "
+                         "subset, so that the suite's current results stay whole")
     ap.add_argument("--exports", type=Path, default=ROOT / "build" / "cpu-zoo",
                     help="folder of the torchvision/transformers exports (written if missing)")
     ap.add_argument("--export-python", default=sys.executable,
@@ -235,7 +238,7 @@ def main(argv=None) -> int:
         row["set"] = "exported" if name in CPU_SET else "onnx light" if name.startswith("light_") else "bundled"
         print(json.dumps(row), flush=True)
         rows.append(row)
-    write(rows, args.threads, load_start)
+    write(rows, args.threads, load_start, args.out)
     return 0
 
 

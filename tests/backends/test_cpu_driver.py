@@ -96,6 +96,11 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((1, 2, 3, 3), (2, 1, 2, 2), (2, 2), (5, 4, 3, 6), (1, 1), 2, True),
     ((1, 6, 10, 8), (9, 2, 3, 2), (1, 2), (2, 0, 1, 1), (2, 1), 3, True),         # grouped, dilated, uneven pads
     ((1, 4, 8, 8), (8, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4, False),         # depth multiplier 2
+    # direct over phase planes beyond depthwise: outputs of one input channel share its planes
+    # (two images: the planes held must be the right image's), or several inputs accumulate
+    ((2, 1, 21, 19), (16, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),       # one input channel
+    ((2, 3, 13, 11), (9, 1, 5, 3), (2, 1), (2, 1, 1, 0), (1, 2), 3, True),        # depth multiplier 3, strided
+    ((1, 12, 10, 9), (6, 4, 3, 3), (2, 2), (1, 1, 0, 1), (1, 1), 3, False),       # 2 outputs of 4 inputs a group
     ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # few blocks: the GEMM split
     ((2, 16, 64, 60), (16, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),    # tiled im2col, dilated
     ((1, 16, 33, 31), (24, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),     # tiled, strided, uneven

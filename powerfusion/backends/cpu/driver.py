@@ -204,13 +204,13 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
     direct = c == grp or m // grp <= 4   # as PF_DIRECT_MAX_OUTPUTS in driver.h
     pointwise = kh == kw == 1 and tuple(op.strides) == (1, 1) and not any(op.pad_begins) and not any(op.pad_ends)
     nbuf = threads()
-    if c == grp == m:   # depthwise: a channel's phase planes a job (driver.h)
-        rows, scratch = 0, depthwise_plane_scratch(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize) * nbuf
+    if direct:   # an output channel a job over its inputs' phase planes (driver.h)
+        rows, scratch = 0, plane_scratch(kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize) * nbuf
     else:
         # blocks of output rows whose im2col matrix stays in a core's cache (CONV_TILE_BYTES)
         # (at least CONV_TILE_MIN_COLUMNS positions: every block streams the whole weight matrix)
         rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
-        scratch = 0 if direct or pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
+        scratch = 0 if pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
@@ -225,9 +225,9 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
     return None
 
 
-def depthwise_plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> int:
-    """Scratch elements one thread needs in driver.h's plane-direct depthwise conv: its phase
-    planes (in whole vectors), the positions read past them, the results, one vector to align."""
+def plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> int:
+    """Scratch elements one thread needs in driver.h's direct conv over phase planes: the planes
+    (in whole vectors), the positions read past them, the results, one vector to align."""
     (sh, sw), (dh, dw) = strides, dilations
     vec = 64 // itemsize
     rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)

@@ -177,26 +177,94 @@ static void pf_tap_ranges(const pf_conv_shape *s, long long *los, long long *his
 }
 
 #define PF_DEFINE_CONV(NAME, T, GEMM, ACT)                                                          \
-/* depthwise, plane-direct: a job is one channel. Its input plane is copied, zero-padded, into      \
-   s->sh * s->sw phase planes (phase (pr, pc) holds padded rows pr, pr + sh, ... and columns         \
-   pc, pc + sw, ..., all `pitch` wide), so that every tap reads its phase plane at a constant offset \
-   from the output's position: output (oi, oj) is position oi * pitch + oj, and the whole plane is    \
-   one contiguous run of positions (the pitch - ow columns past each row are computed and dropped).  \
-   Every tap is then whole unaligned vectors along that run, U vectors at a time, whatever the       \
-   plane's width, stride or dilation, with no transposition of channels (the earlier form gathered  \
-   blocks of channels into vectors and scattered them back, which took most of its time: one        \
-   thread, 576 channels 14x14 3x3 0.15 -> 0.075 ms, 144 channels 56x56 3x3 0.55 -> 0.24 ms, 96       \
-   channels 112x112 3x3 stride 2 0.65 -> 0.41 ms). `scratch` holds s->nbuf threads' buffers, each    \
-   driver.py's depthwise_plane_scratch elements.                                                    */ \
-static void NAME##_dw_plane(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,      \
-                            const T *restrict bias, T *restrict y, T *scratch, const pf_act *act) { \
+/* direct over phase planes, for convolutions whose im2col GEMM would be thin (driver.py: one input \
+   channel a group -- depthwise, depth multipliers, a one-channel input -- or at most                \
+   PF_DIRECT_MAX_OUTPUTS outputs a group). A job is one output channel. Each of its input channels  \
+   is copied, zero-padded, into s->sh * s->sw phase planes (phase (pr, pc) holds padded rows pr,     \
+   pr + sh, ... and columns pc, pc + sw, ..., all `pitch` wide), so that every tap reads its phase   \
+   plane at a constant offset from the output's position: output (oi, oj) is position              \
+   oi * pitch + oj, and the whole plane is one contiguous run of positions (the pitch - ow columns   \
+   past each row are computed and dropped). Every tap is then whole unaligned vectors along that   \
+   run, whatever the plane's width, stride or dilation. With one input channel a group, consecutive \
+   output channels of a group reuse the planes. The earlier depthwise form gathered blocks of       \
+   channels into vectors and scattered them back, which took most of its time (one thread: 576     \
+   channels 14x14 3x3 0.15 -> 0.075 ms, 144 channels 56x56 3x3 0.55 -> 0.24 ms, 96 channels         \
+   112x112 3x3 stride 2 0.65 -> 0.41 ms), and the direct row loops ran a 1 -> 16 channel 64x64 3x3  \
+   convolution at 9 GFLOP/s. `scratch` holds s->nbuf threads' buffers, each driver.py's             \
+   plane_scratch elements.                                                                          */ \
+/* one input plane xp into the zeroed phase planes at xb (`phase` elements each, `pitch` wide) */   \
+static void NAME##_fill_planes(const pf_conv_shape *s, const T *restrict xp, T *restrict xb,        \
+                               long long hp, long long wp, long long pitch, long long phase) {      \
+  long long sh = s->sh, sw = s->sw, jn = s->w + s->pw < wp ? s->w : wp - s->pw;                     \
+  if (jn <= 0) return;   /* only padding is read */                                                 \
+  /* padded row ip = ri * sh + pr is input row ip - ph, in phase row pr's plane row ri */           \
+  for (long long pr = 0; pr < sh; ++pr)                                                             \
+    for (long long ri = 0, ip = pr; ip < hp; ++ri, ip += sh) {                                      \
+      long long i = ip - s->ph;                                                                     \
+      if (i < 0 || i >= s->h) continue;                                                             \
+      T *dst = xb + pr * sw * phase + ri * pitch;                                                   \
+      const T *src = xp + i * s->w;                                                                 \
+      if (sw == 1)                                                                                  \
+        pf_copy(dst + s->pw, src, jn * sizeof(T));                                                  \
+      else if (sw == 2) {   /* even and odd padded columns, pairwise (the compiler's permutes) */   \
+        long long j = s->pw % 2, k = (j + s->pw) / 2, pairs = (jn - j) / 2;                         \
+        T *d0 = dst + k, *d1 = dst + phase + k;                                                     \
+        if (j) dst[phase + s->pw / 2] = src[0];                                                     \
+        for (long long q = 0; q < pairs; ++q) { d0[q] = src[j + 2 * q]; d1[q] = src[j + 2 * q + 1]; } \
+        if (j + 2 * pairs < jn) d0[pairs] = src[jn - 1];                                            \
+      } else   /* phase pc takes the columns j with (j + pw) % sw == pc, one after another */       \
+        for (long long pc = 0; pc < sw; ++pc) {                                                     \
+          long long j = ((pc - s->pw) % sw + sw) % sw;                                              \
+          T *d = dst + pc * phase + (j + s->pw) / sw;                                               \
+          for (; j < jn; j += sw) *d++ = src[j];                                                    \
+        }                                                                                           \
+    }                                                                                               \
+}                                                                                                   \
+/* acc[0, runs) (+)= the taps of wk over the phase planes xb: U vectors of positions at a time,     \
+   even and odd taps in separate accumulators (2U independent chains of multiply-adds; a 7x7        \
+   plane is 4 + 1 vectors), then one vector at a time. `first`: start from the bias b0. */          \
+static void NAME##_taps(const T *restrict xb, const long long *off, long long taps, const T *restrict wk, \
+                        long long runs, T b0s, int first, T *restrict accs) {                       \
   enum { V = 64 / sizeof(T), U = 4 };                                                               \
   typedef T vec __attribute__((vector_size(64)));                                                   \
   typedef T uvec __attribute__((vector_size(64), aligned(sizeof(T))));                              \
-  long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw;                                           \
+  vec *acc = (vec *)accs, b0 = {0};                                                                 \
+  b0 += b0s;                                                                                        \
+  long long p = 0;                                                                                  \
+  for (; p + U * V <= runs; p += U * V) {                                                           \
+    vec a[U], e[U];                                                                                 \
+    for (int u = 0; u < U; ++u) { a[u] = first ? b0 : acc[p / V + u]; e[u] = (vec){0}; }            \
+    long long k = 0;                                                                                \
+    for (; k + 1 < taps; k += 2) {                                                                  \
+      const T *q = xb + off[k] + p, *q1 = xb + off[k + 1] + p;                                      \
+      T w0 = wk[k], w1 = wk[k + 1];                                                                 \
+      for (int u = 0; u < U; ++u) {                                                                 \
+        a[u] += w0 * *(const uvec *)(q + u * V);                                                    \
+        e[u] += w1 * *(const uvec *)(q1 + u * V);                                                   \
+      }                                                                                             \
+    }                                                                                               \
+    if (k < taps)                                                                                   \
+      for (int u = 0; u < U; ++u) a[u] += wk[k] * *(const uvec *)(xb + off[k] + p + u * V);         \
+    for (int u = 0; u < U; ++u) acc[p / V + u] = a[u] + e[u];                                       \
+  }                                                                                                 \
+  for (; p < runs; p += V) {                                                                        \
+    vec a = first ? b0 : acc[p / V], e = {0};                                                       \
+    long long k = 0;                                                                                \
+    for (; k + 1 < taps; k += 2) {                                                                  \
+      a += wk[k] * *(const uvec *)(xb + off[k] + p);                                                \
+      e += wk[k + 1] * *(const uvec *)(xb + off[k + 1] + p);                                        \
+    }                                                                                               \
+    if (k < taps) a += wk[k] * *(const uvec *)(xb + off[k] + p);                                    \
+    acc[p / V] = a + e;                                                                             \
+  }                                                                                                 \
+}                                                                                                   \
+static void NAME##_plane(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,         \
+                         const T *restrict bias, T *restrict y, T *scratch, const pf_act *act) {    \
+  enum { V = 64 / sizeof(T) };                                                                      \
+  long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw, cg = s->c / s->g, mg = s->m / s->g;       \
   long long hp = (s->oh - 1) * sh + (s->kh - 1) * s->dh + 1, wp = (s->ow - 1) * sw + (s->kw - 1) * s->dw + 1; \
   long long rows = (hp + sh - 1) / sh, pitch = (wp + sw - 1) / sw, phase = rows * pitch;            \
-  long long runs = (s->oh * pitch + V - 1) / V * V;                                                \
+  long long runs = (s->oh * pitch + V - 1) / V * V;                                                 \
   long long planes = (sh * sw * phase + V - 1) / V * V;   /* whole vectors: the results align */    \
   long long per = planes + 2 * runs + V;   /* phase planes, the over-read, the results, alignment */ \
   long long off[taps];                                                                              \
@@ -205,113 +273,33 @@ static void NAME##_dw_plane(const pf_conv_shape *s, const T *restrict x, const T
       long long r = ki * s->dh, c = kj * s->dw;                                                     \
       off[ki * s->kw + kj] = ((r % sh) * sw + c % sw) * phase + (r / sh) * pitch + c / sw;          \
     }                                                                                               \
-  int big = s->n * s->c * s->oh * s->ow * taps >= PF_PARALLEL_ELEMENTS;                             \
+  int big = s->n * s->m * s->oh * s->ow * taps * cg >= PF_PARALLEL_ELEMENTS;                        \
   _Pragma("omp parallel num_threads(s->nbuf) if(big)")                                              \
   {                                                                                                 \
     int t = 0, nt = 1;                                                                              \
     PF_THREAD_ID(t, nt);                                                                            \
-    T *xb = (T *)(((uintptr_t)(scratch + t * per) + 63) & ~(uintptr_t)63);                          \
-    vec *acc = (vec *)(xb + planes + runs);                                                         \
+    long long held = -1;   /* the input channel (of all images) whose planes xb holds */            \
+    T *xb = (T *)(((uintptr_t)(scratch + t * per) + 63) & ~(uintptr_t)63), *acc = xb + planes + runs; \
     memset(xb + planes, 0, runs * sizeof(T));   /* read past the planes only by dropped positions */ \
     _Pragma("omp for schedule(static)")                                                             \
-    for (long long job = 0; job < s->n * s->c; ++job) {                                             \
-      long long ch = job % s->c;                                                                    \
-      const T *xp = x + job * s->h * s->w, *wk = wt + ch * taps;                                    \
-      memset(xb, 0, planes * sizeof(T));                                                            \
-      /* padded row ip = ri * sh + pr is input row ip - ph, in phase row pr's plane row ri */       \
-      long long jn = s->w + s->pw < wp ? s->w : wp - s->pw;                                         \
-      for (long long pr = 0; pr < sh; ++pr)                                                         \
-        for (long long ri = 0, ip = pr; ip < hp; ++ri, ip += sh) {                                  \
-          long long i = ip - s->ph;                                                                 \
-          if (i < 0 || i >= s->h || jn <= 0) continue;   /* jn <= 0: only padding is read */       \
-          T *dst = xb + pr * sw * phase + ri * pitch;                                               \
-          const T *src = xp + i * s->w;                                                             \
-          if (sw == 1)                                                                              \
-            pf_copy(dst + s->pw, src, jn * sizeof(T));                                              \
-          else if (sw == 2) {   /* even and odd padded columns, pairwise (the compiler's permutes) */ \
-            long long j = s->pw % 2, k = (j + s->pw) / 2, pairs = (jn - j) / 2;                     \
-            T *d0 = dst + k, *d1 = dst + phase + k;                                                 \
-            if (j) dst[phase + s->pw / 2] = src[0];                                                 \
-            for (long long q = 0; q < pairs; ++q) { d0[q] = src[j + 2 * q]; d1[q] = src[j + 2 * q + 1]; } \
-            if (j + 2 * pairs < jn) d0[pairs] = src[jn - 1];                                        \
-          } else   /* phase pc takes the columns j with (j + pw) % sw == pc, one after another */   \
-            for (long long pc = 0; pc < sw; ++pc) {                                                 \
-              long long j = ((pc - s->pw) % sw + sw) % sw;                                          \
-              T *d = dst + pc * phase + (j + s->pw) / sw;                                           \
-              for (; j < jn; j += sw) *d++ = src[j];                                                \
-            }                                                                                       \
+    for (long long job = 0; job < s->n * s->m; ++job) {                                             \
+      long long o = job % s->m, img = job / s->m;                                                   \
+      for (long long ci = 0; ci < cg; ++ci) {                                                       \
+        long long ch = img * s->c + (o / mg) * cg + ci;                                             \
+        if (ch != held) {                                                                           \
+          memset(xb, 0, planes * sizeof(T));                                                        \
+          NAME##_fill_planes(s, x + ch * s->h * s->w, xb, hp, wp, pitch, phase);                    \
+          held = ch;                                                                                \
         }                                                                                           \
-      vec b0 = {0};                                                                                 \
-      b0 += bias ? bias[ch] : (T)0;                                                                 \
-      /* U vectors of positions at a time, even and odd taps in separate accumulators: 2U         \
-         independent chains of multiply-adds (a 7x7 plane is 4 + 1 vectors); then one at a time  */ \
-      long long p = 0;                                                                              \
-      for (; p + U * V <= runs; p += U * V) {                                                       \
-        vec a[U], e[U];                                                                             \
-        for (int u = 0; u < U; ++u) { a[u] = b0; e[u] = (vec){0}; }                                \
-        long long k = 0;                                                                            \
-        for (; k + 1 < taps; k += 2) {                                                              \
-          const T *q = xb + off[k] + p, *q1 = xb + off[k + 1] + p;                                  \
-          T w0 = wk[k], w1 = wk[k + 1];                                                             \
-          for (int u = 0; u < U; ++u) {                                                             \
-            a[u] += w0 * *(const uvec *)(q + u * V);                                                \
-            e[u] += w1 * *(const uvec *)(q1 + u * V);                                               \
-          }                                                                                         \
-        }                                                                                           \
-        if (k < taps)                                                                               \
-          for (int u = 0; u < U; ++u) a[u] += wk[k] * *(const uvec *)(xb + off[k] + p + u * V);     \
-        for (int u = 0; u < U; ++u) acc[p / V + u] = a[u] + e[u];                                   \
-      }                                                                                             \
-      for (; p < runs; p += V) {                                                                    \
-        vec a = b0, e = {0};                                                                        \
-        long long k = 0;                                                                            \
-        for (; k + 1 < taps; k += 2) {                                                              \
-          a += wk[k] * *(const uvec *)(xb + off[k] + p);                                            \
-          e += wk[k + 1] * *(const uvec *)(xb + off[k + 1] + p);                                    \
-        }                                                                                           \
-        if (k < taps) a += wk[k] * *(const uvec *)(xb + off[k] + p);                                \
-        acc[p / V] = a + e;                                                                         \
+        NAME##_taps(xb, off, taps, wt + (o * cg + ci) * taps, runs, bias ? bias[o] : (T)0, ci == 0, acc); \
       }                                                                                             \
       T *yp = y + job * s->oh * s->ow;                                                              \
-      const T *r = (const T *)acc;                                                                  \
       for (long long oi = 0; oi < s->oh; ++oi)                                                      \
-        pf_copy(yp + oi * s->ow, r + oi * pitch, s->ow * sizeof(T));                                \
+        pf_copy(yp + oi * s->ow, acc + oi * pitch, s->ow * sizeof(T));                              \
       ACT(act, yp, s->oh * s->ow);                                                                  \
     }                                                                                               \
   }                                                                                                 \
 }                                                                                                   \
-/* direct: one output row per job, its group's input channels and taps accumulated along the row */ \
-static void NAME##_direct(const pf_conv_shape *s, const T *restrict x, const T *restrict wt,        \
-                          const T *restrict bias, T *restrict y, const pf_act *act) {               \
-  long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
-  int big = s->n * s->m * plane * cg * taps >= PF_PARALLEL_ELEMENTS;                                 \
-  /* each tap column's valid output range, once (two divisions a tap and row cost more than the  \
-     row's multiply-adds: a 240-channel 14x14 5x5 depthwise conv 0.81 -> 0.64 ms, one thread) */                \
-  long long los[s->kw], his[s->kw];                                                                  \
-  pf_tap_ranges(s, los, his);                                                                        \
-  _Pragma("omp parallel for schedule(static) if(big)")                                               \
-  for (long long job = 0; job < s->n * s->m * s->oh; ++job) {                                        \
-    long long oi = job % s->oh, no = job / s->oh, o = no % s->m, img = no / s->m;                    \
-    T *restrict yr = y + no * plane + oi * s->ow, b0 = bias ? bias[o] : (T)0;                        \
-    for (long long oj = 0; oj < s->ow; ++oj) yr[oj] = b0;                                            \
-    for (long long ci = 0; ci < cg; ++ci) {                                                          \
-      long long ch = (o / mg) * cg + ci;                                                             \
-      const T *xp = x + (img * s->c + ch) * s->h * s->w, *wp = wt + (o * cg + ci) * taps;            \
-      for (long long ki = 0; ki < s->kh; ++ki) {                                                     \
-        long long ii = oi * s->sh - s->ph + ki * s->dh;                                              \
-        if (ii < 0 || ii >= s->h) continue;                                                          \
-        const T *xr = xp + ii * s->w;                                                                \
-        for (long long kj = 0; kj < s->kw; ++kj) {                                                   \
-          T wv = wp[ki * s->kw + kj];                                                                \
-          long long jo = kj * s->dw - s->pw, lo = los[kj], hi = his[kj];                             \
-          if (s->sw == 1) { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj + jo]; }     \
-          else { for (long long oj = lo; oj < hi; ++oj) yr[oj] += wv * xr[oj * s->sw + jo]; }       \
-        }                                                                                           \
-      }                                                                                             \
-    }                                                                                               \
-    ACT(act, yr, s->ow);                                                                            \
-  }                                                                                                  \
-}                                                                                                    \
 /* output row oi's part of the im2col matrix: cols[ch*taps + tap][(oi-r0)*ow + oj], `width`    \
    columns a row of the matrix (r0: the first output row the matrix holds) */                        \
 static void NAME##_im2col_row(const pf_conv_shape *s, const T *xi, long long oi, long long r0,      \
@@ -344,8 +332,7 @@ static void NAME##_im2col_rows(const pf_conv_shape *s, const T *xi, long long oi
 }                                                                                                    \
 static void NAME(const pf_conv_shape *s, const T *x, const T *wt, const T *bias, T *y, T *cols,     \
                  const pf_act *act) {                                                               \
-  if (s->c == s->g && s->m == s->c) { NAME##_dw_plane(s, x, wt, bias, y, cols, act); return; }      \
-  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_direct(s, x, wt, bias, y, act); return; } \
+  if (s->c == s->g || s->m / s->g <= PF_DIRECT_MAX_OUTPUTS) { NAME##_plane(s, x, wt, bias, y, cols, act); return; } \
   long long cg = s->c / s->g, mg = s->m / s->g, taps = s->kh * s->kw, plane = s->oh * s->ow;         \
   long long k = cg * taps, blocks = (s->oh + s->rows - 1) / s->rows;                                 \
   int big = 2.0 * s->n * s->m * plane * k >= PF_SPLIT_FLOPS;                                         \
