@@ -101,9 +101,16 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((2, 1, 21, 19), (16, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),       # one input channel
     ((2, 3, 13, 11), (9, 1, 5, 3), (2, 1), (2, 1, 1, 0), (1, 2), 3, True),        # depth multiplier 3, strided
     ((1, 12, 10, 9), (6, 4, 3, 3), (2, 2), (1, 1, 0, 1), (1, 1), 3, False),       # 2 outputs of 4 inputs a group
-    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),    # few blocks: the GEMM split
-    ((2, 16, 64, 60), (16, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),    # tiled im2col, dilated
-    ((1, 16, 33, 31), (24, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),     # tiled, strided, uneven
+    ((1, 64, 7, 7), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # few blocks: the GEMM split
+    ((2, 16, 64, 60), (16, 8, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2, False),     # tiled im2col, dilated
+    ((1, 16, 33, 31), (24, 8, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 2, True),      # tiled, strided, uneven
+    # implicit GEMM over phase planes (one group, a window of more than one tap): output channels
+    # not a whole panel, two images, dilation, strides (4 and 2 phases), uneven pads
+    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    ((2, 16, 64, 60), (20, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),
+    ((1, 16, 33, 31), (13, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),
+    ((1, 3, 40, 38), (13, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, True),
+    ((2, 5, 23, 30), (9, 5, 3, 2), (1, 2), (0, 1, 2, 0), (2, 1), 1, True),
     ((1, 16, 20, 20), (1, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # one output channel: direct
     ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise, two images
     ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise, threaded
@@ -119,6 +126,12 @@ def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilati
     model = conv_model(x_shape, w_shape, strides, pads, dilations, group, bias)
     sess = InferenceSession(model)
     assert not sess.cpu_plan.left_out and isinstance(sess.cpu_plan.pieces[0], Driver)
+    # each case keeps the path its comment names: the implicit GEMM for one group, a window of
+    # several taps and more than 4 outputs from several inputs, except where most positions it
+    # would compute are dropped (a 7x7 plane, dilations wider than the plane); else im2col
+    implicit = group == 1 and w_shape[2] * w_shape[3] > 1 and w_shape[0] > 4 and x_shape[1] > 1 \
+        and x_shape[2:] != (7, 7) and max(dilations) < 36
+    assert sess.cpu_plan.pieces[0].source_lines[0].startswith("pf_igemm_f32" if implicit else "pf_conv2d_f32")
     x = np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert_close(sess.run(None, {"x": x}), want, "conv")

@@ -39,6 +39,9 @@ from powerfusion.gir.interpreter import np_dtype
 FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
 CONV_TILE_MIN_COLUMNS = 256
+IGEMM_ROWS, IGEMM_VECTORS = 8, 3   # driver.h's PF_IG_MR and PF_IG_NR
+IGEMM_MIN_USE = 0.7                # of the positions computed, the part that are outputs
+IGEMM_MAX_BYTES = 16 << 20         # its phase planes of all input channels
 
 
 @dataclass(frozen=True)
@@ -213,13 +216,19 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
         scratch = 0 if pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
+    implicit = None if direct or grp != 1 or kh * kw == 1 else implicit_gemm_scratch(
+        c, kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
+    if implicit is not None:   # the weights packed once; the scratch holds the phase planes
+        W = f"T[{b.table.static(pack_weights(np.asarray(b.graph.constants[node.inputs[1]], dt)))}]"
+        scratch = implicit
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
     cols = f"T[{b.table.static(np.empty(scratch, dt))}]" if scratch else "0"
     ctype = "float" if dt == np.float32 else "double"
     b.decls.append(f"static const pf_conv_shape pf_c{k} = {{{', '.join(str(int(v)) for v in s)}}};")
     if act is not None:
         b.decls.append(f"static const pf_act pf_e{k} = {act.c_initializer()};")
-    b.lines.append(f"pf_conv2d_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
+    fn = "pf_igemm" if implicit is not None else "pf_conv2d"
+    b.lines.append(f"{fn}_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
                    f"({ctype} *){b.result(writes or node.outputs[0])}, ({ctype} *){cols}, "
                    f"{f'&pf_e{k}' if act is not None else '0'});")
     return None
@@ -235,6 +244,34 @@ def plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsi
     runs = -(-(oh * pitch) // vec) * vec
     planes = -(-(sh * sw * rows * pitch) // vec) * vec
     return planes + 2 * runs + vec
+
+
+def implicit_gemm_scratch(c: int, kh: int, kw: int, oh: int, ow: int, strides, dilations,
+                          itemsize: int) -> int | None:
+    """Scratch elements of driver.h's implicit GEMM (the phase planes of every input channel, the
+    positions read past them, alignment), or None where it would not pay: where fewer than
+    IGEMM_MIN_USE of the positions it computes are outputs (a 7x7 plane: 49 of 96), or the
+    planes exceed IGEMM_MAX_BYTES."""
+    (sh, sw), (dh, dw) = strides, dilations
+    vec = 64 // itemsize
+    rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
+    pitch = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+    strip = IGEMM_VECTORS * vec
+    computed = -(-(oh * pitch) // strip) * strip
+    planes = c * (-(-(sh * sw * rows * pitch) // vec) * vec)
+    if oh * ow < IGEMM_MIN_USE * computed or planes * itemsize > IGEMM_MAX_BYTES:
+        return None
+    return planes + computed + 2 * vec
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """Conv weights [M, C, KH, KW] as driver.h's implicit GEMM reads them: panels of IGEMM_ROWS
+    output channels, [panel][C * KH * KW][IGEMM_ROWS], zero past M."""
+    m = w.shape[0]
+    panels = -(-m // IGEMM_ROWS)
+    flat = np.zeros((panels * IGEMM_ROWS, int(np.prod(w.shape[1:]))), w.dtype)
+    flat[:m] = w.reshape(m, -1)
+    return np.ascontiguousarray(flat.reshape(panels, IGEMM_ROWS, -1).transpose(0, 2, 1))
 
 
 def step_name(step) -> str:
