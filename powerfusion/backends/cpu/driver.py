@@ -216,9 +216,8 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
         scratch = 0 if pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
-    implicit = None if direct or grp != 1 else (c + 1) * IGEMM_VECTORS * (64 // dt.itemsize) \
-        if pointwise and (oh, ow) == (h, wd) else None if kh * kw == 1 else implicit_gemm_scratch(
-            c, kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
+    implicit = None if direct or grp != 1 or kh * kw == 1 else implicit_gemm_scratch(
+        c, kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
     if implicit is not None:   # the weights packed once; the scratch holds the phase planes
         W = f"T[{b.table.static(pack_weights(np.asarray(b.graph.constants[node.inputs[1]], dt)))}]"
         scratch = implicit

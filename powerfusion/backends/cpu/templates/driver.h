@@ -429,18 +429,14 @@ static void NAME##_strip(const T *restrict xb, long long cs, const long long *of
   for (int r = 0; r < PF_IG_MR; ++r)                                                                  \
     for (int u = 0; u < PF_IG_NR; ++u) *(uvec *)(tile + (r * PF_IG_NR + u) * V) = acc[r][u];          \
 }                                                                                                     \
-/* A 1x1 stride-1 unpadded convolution reads its input itself as the phase plane (one phase,   \
-   pitch ow, nothing dropped); only the last, partial strip of positions is copied, zero-padded,   \
-   into the scratch, so that no load passes the input's end. */                                    \
 static void NAME(const pf_conv_shape *s, const T *x, const T *wp, const T *bias, T *y, T *scratch,    \
                  const pf_act *act) {                                                                 \
   enum { V = 64 / sizeof(T), W = PF_IG_NR * (64 / sizeof(T)) };                                       \
   long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw;                                             \
-  int pointwise = taps == 1 && sh == 1 && sw == 1 && !s->ph && !s->pw && s->oh == s->h && s->ow == s->w; \
   long long hp = (s->oh - 1) * sh + (s->kh - 1) * s->dh + 1, wdp = (s->ow - 1) * sw + (s->kw - 1) * s->dw + 1; \
   long long rows = (hp + sh - 1) / sh, pitch = (wdp + sw - 1) / sw, phase = rows * pitch;             \
-  long long cs = pointwise ? s->h * s->w : (sh * sw * phase + V - 1) / V * V, npos = s->oh * pitch;   \
-  long long strips = (npos + W - 1) / W, panels = (s->m + PF_IG_MR - 1) / PF_IG_MR, last = (strips - 1) * W; \
+  long long cs = (sh * sw * phase + V - 1) / V * V, npos = s->oh * pitch;                             \
+  long long strips = (npos + W - 1) / W, panels = (s->m + PF_IG_MR - 1) / PF_IG_MR;                   \
   long long off[taps];                                                                                \
   for (long long ki = 0; ki < s->kh; ++ki)                                                            \
     for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
@@ -449,7 +445,7 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wp, const T *bias,
     }                                                                                                 \
   T *xb = (T *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);                                          \
   int big = 2.0 * s->m * s->c * taps * npos >= PF_SPLIT_FLOPS;                                        \
-  if (!pointwise) memset(xb + s->c * cs, 0, (strips * W + V) * sizeof(T));   /* read only by dropped positions */ \
+  memset(xb + s->c * cs, 0, (strips * W + V) * sizeof(T));   /* read only by dropped positions */     \
   for (long long img = 0; img < s->n; ++img) {                                                        \
     const T *xi = x + img * s->c * s->h * s->w;                                                       \
     T *yi = y + img * s->m * s->oh * s->ow;                                                           \
@@ -457,24 +453,16 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wp, const T *bias,
     {                                                                                                 \
       _Pragma("omp for schedule(static)")                                                             \
       for (long long ci = 0; ci < s->c; ++ci) {                                                       \
-        if (pointwise) {   /* the last strip's positions of channel ci, then zeros */                 \
-          memset(xb + ci * W, 0, W * sizeof(T));                                                      \
-          pf_copy(xb + ci * W, xi + ci * cs + last, (npos - last) * sizeof(T));                       \
-        } else {                                                                                      \
-          memset(xb + ci * cs, 0, cs * sizeof(T));                                                    \
-          CONV##_fill_planes(s, xi + ci * s->h * s->w, xb + ci * cs, hp, wdp, pitch, phase);          \
-        }                                                                                             \
+        memset(xb + ci * cs, 0, cs * sizeof(T));                                                      \
+        CONV##_fill_planes(s, xi + ci * s->h * s->w, xb + ci * cs, hp, wdp, pitch, phase);            \
       }                                                                                               \
       T tile[PF_IG_MR * W] __attribute__((aligned(64)));                                              \
       _Pragma("omp for schedule(static)")                                                             \
       for (long long job = 0; job < panels * strips; ++job) {                                         \
-        long long panel = job / strips, p0 = (job % strips) * W, o0 = panel * PF_IG_MR;               \
+        long long panel = job / strips, p0 = (job % strips) * W, o0 = panel * PF_IG_MR;              \
         T b[PF_IG_MR];                                                                                \
-        for (int r = 0; r < PF_IG_MR; ++r) b[r] = bias && o0 + r < s->m ? bias[o0 + r] : (T)0;        \
-        const T *w0 = wp + panel * s->c * taps * PF_IG_MR;                                            \
-        if (!pointwise) NAME##_strip(xb, cs, off, s->c, taps, w0, b, p0, tile);                       \
-        else if (p0 < last) NAME##_strip(xi, cs, off, s->c, 1, w0, b, p0, tile);                      \
-        else NAME##_strip(xb, W, off, s->c, 1, w0, b, 0, tile);                                       \
+        for (int r = 0; r < PF_IG_MR; ++r) b[r] = bias && o0 + r < s->m ? bias[o0 + r] : (T)0;       \
+        NAME##_strip(xb, cs, off, s->c, taps, wp + panel * s->c * taps * PF_IG_MR, b, p0, tile);      \
         long long p1 = p0 + W < npos ? p0 + W : npos;                                                 \
         for (int r = 0; r < PF_IG_MR && o0 + r < s->m; ++r) {                                         \
           T *t = tile + r * W, *yo = yi + (o0 + r) * s->oh * s->ow;                                   \
