@@ -101,16 +101,21 @@ def conv_model(x_shape, w_shape, strides, pads, dilations, group, bias: bool) ->
     ((2, 1, 21, 19), (16, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),       # one input channel
     ((2, 3, 13, 11), (9, 1, 5, 3), (2, 1), (2, 1, 1, 0), (1, 2), 3, True),        # depth multiplier 3, strided
     ((1, 12, 10, 9), (6, 4, 3, 3), (2, 2), (1, 1, 0, 1), (1, 1), 3, False),       # 2 outputs of 4 inputs a group
-    ((1, 64, 7, 7), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # few blocks: the GEMM split
+    ((1, 64, 7, 7), (128, 32, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2, True),      # few blocks: the GEMM split
     ((2, 16, 64, 60), (16, 8, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2, False),     # tiled im2col, dilated
     ((1, 16, 33, 31), (24, 8, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 2, True),      # tiled, strided, uneven
     # implicit GEMM over phase planes (one group, a window of more than one tap): output channels
     # not a whole panel, two images, dilation, strides (4 and 2 phases), uneven pads
-    ((1, 64, 14, 14), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    ((1, 64, 28, 28), (128, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
     ((2, 16, 64, 60), (20, 16, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, False),
-    ((1, 16, 33, 31), (13, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),
-    ((1, 3, 40, 38), (13, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, True),
+    ((1, 16, 65, 61), (13, 16, 3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, True),
+    ((1, 3, 80, 76), (13, 3, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1, True),
     ((2, 5, 23, 30), (9, 5, 3, 2), (1, 2), (0, 1, 2, 0), (2, 1), 1, True),
+    # its form along output channels (small planes): panels of 48 channels, one whole, one not;
+    # the last group of 8 positions partial; strided, dilated, two images
+    ((1, 20, 7, 7), (50, 20, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+    ((2, 6, 14, 13), (100, 6, 3, 3), (2, 2), (1, 1, 0, 1), (1, 1), 1, True),
+    ((1, 9, 11, 10), (17, 9, 3, 5), (1, 2), (2, 2, 2, 2), (2, 1), 1, False),
     ((1, 16, 20, 20), (1, 16, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),      # one output channel: direct
     ((2, 20, 30, 29), (20, 1, 5, 5), (2, 2), (2, 1, 2, 2), (1, 1), 20, True),     # depthwise, two images
     ((1, 40, 120, 120), (40, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 40, True),   # depthwise, threaded
@@ -127,11 +132,13 @@ def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilati
     sess = InferenceSession(model)
     assert not sess.cpu_plan.left_out and isinstance(sess.cpu_plan.pieces[0], Driver)
     # each case keeps the path its comment names: the implicit GEMM for one group, a window of
-    # several taps and more than 4 outputs from several inputs, except where most positions it
-    # would compute are dropped (a 7x7 plane, dilations wider than the plane); else im2col
-    implicit = group == 1 and w_shape[2] * w_shape[3] > 1 and w_shape[0] > 4 and x_shape[1] > 1 \
-        and x_shape[2:] != (7, 7) and max(dilations) < 36
-    assert sess.cpu_plan.pieces[0].source_lines[0].startswith("pf_igemm_f32" if implicit else "pf_conv2d_f32")
+    # several taps and more than 4 outputs from several inputs -- along output channels where
+    # most positions of a strip would be dropped (small planes, dilations wider than the plane) --
+    # and im2col otherwise
+    implicit = group == 1 and w_shape[2] * w_shape[3] > 1 and w_shape[0] > 4 and x_shape[1] > 1
+    small = x_shape[2:] in ((7, 7), (11, 10), (14, 13)) or max(dilations) >= 36
+    fn = ("pf_igemmc_f32(" if small else "pf_igemm_f32(") if implicit else "pf_conv2d_f32("
+    assert sess.cpu_plan.pieces[0].source_lines[0].startswith(fn)
     x = np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert_close(sess.run(None, {"x": x}), want, "conv")

@@ -40,8 +40,9 @@ FLOATS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 CONV_TILE_BYTES = 128 * 1024   # one block's im2col matrix: about half a core's L2
 CONV_TILE_MIN_COLUMNS = 256
 IGEMM_ROWS, IGEMM_VECTORS = 8, 3   # driver.h's PF_IG_MR and PF_IG_NR
-IGEMM_MIN_USE = 0.7                # of the positions computed, the part that are outputs
-IGEMM_MAX_BYTES = 16 << 20         # its phase planes of all input channels
+IGEMMC_VECTORS = 3                 # driver.h's PF_IGC_NC
+IGEMM_MIN_USE = 0.85               # of the positions it computes, the part that are outputs
+IGEMM_MAX_BYTES = 16 << 20         # the phase planes of all input channels
 
 
 @dataclass(frozen=True)
@@ -216,18 +217,19 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
         scratch = 0 if pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
     X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
-    implicit = None if direct or grp != 1 or kh * kw == 1 else implicit_gemm_scratch(
+    implicit = None if direct or grp != 1 or kh * kw == 1 else implicit_gemm(
         c, kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
     if implicit is not None:   # the weights packed once; the scratch holds the phase planes
-        W = f"T[{b.table.static(pack_weights(np.asarray(b.graph.constants[node.inputs[1]], dt)))}]"
-        scratch = implicit
+        fn, scratch = implicit
+        panel = IGEMM_ROWS if fn == "pf_igemm" else IGEMMC_VECTORS * 64 // dt.itemsize
+        W = f"T[{b.table.static(pack_weights(np.asarray(b.graph.constants[node.inputs[1]], dt), panel))}]"
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
     cols = f"T[{b.table.static(np.empty(scratch, dt))}]" if scratch else "0"
     ctype = "float" if dt == np.float32 else "double"
     b.decls.append(f"static const pf_conv_shape pf_c{k} = {{{', '.join(str(int(v)) for v in s)}}};")
     if act is not None:
         b.decls.append(f"static const pf_act pf_e{k} = {act.c_initializer()};")
-    fn = "pf_igemm" if implicit is not None else "pf_conv2d"
+    fn = implicit[0] if implicit is not None else "pf_conv2d"
     b.lines.append(f"{fn}_{FLOATS[dt]}(&pf_c{k}, ({ctype} *){X}, ({ctype} *){W}, ({ctype} *){bias}, "
                    f"({ctype} *){b.result(writes or node.outputs[0])}, ({ctype} *){cols}, "
                    f"{f'&pf_e{k}' if act is not None else '0'});")
@@ -246,12 +248,13 @@ def plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsi
     return planes + 2 * runs + vec
 
 
-def implicit_gemm_scratch(c: int, kh: int, kw: int, oh: int, ow: int, strides, dilations,
-                          itemsize: int) -> int | None:
-    """Scratch elements of driver.h's implicit GEMM (the phase planes of every input channel, the
-    positions read past them, alignment), or None where it would not pay: where fewer than
-    IGEMM_MIN_USE of the positions it computes are outputs (a 7x7 plane: 49 of 96), or the
-    planes exceed IGEMM_MAX_BYTES."""
+def implicit_gemm(c: int, kh: int, kw: int, oh: int, ow: int, strides, dilations,
+                  itemsize: int) -> tuple[str, int] | None:
+    """Which of driver.h's implicit GEMMs a one-group KxK conv takes, and its scratch elements
+    (the phase planes of every input channel; for pf_igemm also the positions read past them and
+    alignment): pf_igemm, strips of positions, where at least IGEMM_MIN_USE of the positions it
+    computes are outputs; else pf_igemmc, vectors of output channels (a 14x14 plane: 196 of 240;
+    a 7x7 one: 49 of 96). None where the planes exceed IGEMM_MAX_BYTES: im2col."""
     (sh, sw), (dh, dw) = strides, dilations
     vec = 64 // itemsize
     rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
@@ -259,19 +262,21 @@ def implicit_gemm_scratch(c: int, kh: int, kw: int, oh: int, ow: int, strides, d
     strip = IGEMM_VECTORS * vec
     computed = -(-(oh * pitch) // strip) * strip
     planes = c * (-(-(sh * sw * rows * pitch) // vec) * vec)
-    if oh * ow < IGEMM_MIN_USE * computed or planes * itemsize > IGEMM_MAX_BYTES:
+    if planes * itemsize > IGEMM_MAX_BYTES:
         return None
-    return planes + computed + 2 * vec
+    if oh * ow < IGEMM_MIN_USE * computed:
+        return "pf_igemmc", c * sh * sw * rows * pitch
+    return "pf_igemm", planes + computed + 2 * vec
 
 
-def pack_weights(w: np.ndarray) -> np.ndarray:
-    """Conv weights [M, C, KH, KW] as driver.h's implicit GEMM reads them: panels of IGEMM_ROWS
-    output channels, [panel][C * KH * KW][IGEMM_ROWS], zero past M."""
+def pack_weights(w: np.ndarray, panel: int) -> np.ndarray:
+    """Conv weights [M, C, KH, KW] as driver.h's implicit GEMMs read them: panels of `panel`
+    output channels, [M / panel][C * KH * KW][panel], zero past M."""
     m = w.shape[0]
-    panels = -(-m // IGEMM_ROWS)
-    flat = np.zeros((panels * IGEMM_ROWS, int(np.prod(w.shape[1:]))), w.dtype)
+    panels = -(-m // panel)
+    flat = np.zeros((panels * panel, int(np.prod(w.shape[1:]))), w.dtype)
     flat[:m] = w.reshape(m, -1)
-    return np.ascontiguousarray(flat.reshape(panels, IGEMM_ROWS, -1).transpose(0, 2, 1))
+    return np.ascontiguousarray(flat.reshape(panels, panel, -1).transpose(0, 2, 1))
 
 
 def step_name(step) -> str:
