@@ -1,6 +1,7 @@
 /* Library ops of the cpu target's whole-model driver (backends/cpu/driver.py): GEMMs through
    the CBLAS entry points of numpy's own OpenBLAS (bound at load time by address), 2-D Conv as
-   im2col + GEMM, 1x1 Conv as a plain GEMM and depthwise Conv directly. Large GEMMs are split
+   an implicit GEMM over phase planes (one group, KxK), directly over phase planes (depthwise
+   and other thin ones), a plain GEMM (1x1) or im2col + GEMM (the rest). Large GEMMs are split
    by rows (or columns) over the OpenMP threads, each calling a single-threaded BLAS: the
    driver sets the BLAS to one thread for the run, as the per-step path does. */
 #include <stdint.h>
@@ -106,10 +107,10 @@ PF_DEFINE_BATCHED(pf_matmul_f64, double, pf_gemm_f64)
    its blocks ([C/G*KH*KW][rows*OW] per group, in its own `cols` buffer of `nbuf`) and
    multiplies it at once, while it is still in cache (a whole-plane im2col matrix is megabytes:
    a 16-channel 64x64 3x3 convolution took 0.59 ms untiled). 1x1 stride-1 unpadded
-   convolutions are one GEMM over the input itself (cols NULL). Depthwise convolutions are
-   computed directly over blocks of channels (cols: their buffers); other grouped ones with one
-   input channel a group or few output channels a group (a GEMM of a few rows runs far below
-   the BLAS's speed) directly too, an output row a job. */
+   convolutions are one GEMM over the input itself (cols NULL). Convolutions with one input
+   channel a group (depthwise ones) or few output channels a group (a GEMM of a few rows runs
+   far below the BLAS's speed) are computed directly over phase planes (NAME_plane; cols: their
+   buffers). One-group KxK convolutions do not come here but to the implicit GEMMs below. */
 /* An activation applied to a convolution's outputs while they are in cache, in place of the
    memory-bound subgraph that followed it (driver.py, conv_activation): y = clamp(x * a + b, lo, hi)
    (x itself where not `affine`), or sigmoid(x) where `sigmoid`; times x where `mul` (hard-swish,
