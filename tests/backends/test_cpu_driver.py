@@ -144,6 +144,40 @@ def test_driver_conv_matches_onnxruntime(x_shape, w_shape, strides, pads, dilati
     assert_close(sess.run(None, {"x": x}), want, "conv")
 
 
+@pytest.mark.parametrize("x_shape,w_shape,strides,pads,fn", [
+    ((1, 6, 11, 12), (6, 1, 3, 3), (2, 1), (1, 1, 1, 1), "pf_conv2d_f64"),   # direct over phase planes
+    ((1, 5, 30, 29), (11, 5, 3, 3), (1, 1), (1, 0, 1, 2), "pf_igemm_f64"),   # along positions
+    ((1, 5, 7, 7), (11, 5, 3, 3), (2, 2), (1, 1, 1, 1), "pf_igemmc_f64"),    # along output channels
+])
+def test_driver_conv_float64_matches_float64_numpy(x_shape, w_shape, strides, pads, fn):
+    """float64 convolutions (vectors of 8) against numpy in float64, to float64 rounding."""
+    model = conv_model(x_shape, w_shape, strides, pads, (1, 1), x_shape[1] if w_shape[1] == 1 else 1, True)
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
+    for vi in (*model.graph.input, *model.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    sess = InferenceSession(model)
+    assert sess.cpu_plan.pieces[0].source_lines[0].startswith(fn + "(")
+    x = np.random.default_rng(8).standard_normal(x_shape)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    bias = numpy_helper.to_array(model.graph.initializer[1])
+    group = x_shape[1] // w_shape[1]
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - w_shape[2]) // strides[0] + 1
+    ow = (xp.shape[3] - w_shape[3]) // strides[1] + 1
+    want = np.zeros((1, w_shape[0], oh, ow)) + bias[None, :, None, None]
+    mg, cg = w_shape[0] // group, w_shape[1]
+    for o in range(w_shape[0]):
+        for ci in range(cg):
+            for ki in range(w_shape[2]):
+                for kj in range(w_shape[3]):
+                    win = xp[0, (o // mg) * cg + ci, ki:ki + strides[0] * oh:strides[0], kj:kj + strides[1] * ow:strides[1]]
+                    want[0, o] += w[o, ci, ki, kj] * win
+    got = sess.run(None, {"x": x})[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, np.maximum(want, 0.0), rtol=1e-12, atol=1e-12)
+
+
 def matmul_model(a_shape, b_shape, weight: bool) -> onnx.ModelProto:
     b = numpy_helper.from_array(np.random.default_rng(9).standard_normal(b_shape).astype(np.float32), "b")
     inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)]

@@ -216,13 +216,14 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
         rows = min(oh, max(CONV_TILE_BYTES // max(1, c * kh * kw * ow * dt.itemsize), -(-CONV_TILE_MIN_COLUMNS // ow), 1))
         scratch = 0 if pointwise else c * kh * kw * max(nbuf * rows * ow, oh * ow)
     s = [n, c, h, wd, m, grp, kh, kw, oh, ow, *op.strides, *op.dilations, *op.pad_begins, rows, nbuf]
-    X, W = b.operand(node.inputs[0]), b.operand(node.inputs[1])
     implicit = None if direct or grp != 1 or kh * kw == 1 else implicit_gemm(
         c, kh, kw, oh, ow, op.strides, op.dilations, dt.itemsize)
+    X, W = b.operand(node.inputs[0]), None
     if implicit is not None:   # the weights packed once; the scratch holds the phase planes
         fn, scratch = implicit
         panel = IGEMM_ROWS if fn == "pf_igemm" else IGEMMC_VECTORS * 64 // dt.itemsize
         W = f"T[{b.table.static(pack_weights(np.asarray(b.graph.constants[node.inputs[1]], dt), panel))}]"
+    W = W or b.operand(node.inputs[1])
     bias = b.operand(node.inputs[2]) if len(node.inputs) > 2 else "0"
     cols = f"T[{b.table.static(np.empty(scratch, dt))}]" if scratch else "0"
     ctype = "float" if dt == np.float32 else "double"
@@ -236,13 +237,18 @@ def add_conv(b: RunBuilder, node, k: int, act: Activation | None = None, writes:
     return None
 
 
+def phase_plane(kh: int, kw: int, oh: int, ow: int, strides, dilations) -> tuple[int, int]:
+    """Rows and pitch of one of driver.h's phase planes: the padded input rows and columns that
+    the outputs read, split by stride (phase (pr, pc) holds rows pr, pr + sh, ...)."""
+    (sh, sw), (dh, dw) = strides, dilations
+    return (-(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh), -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw))
+
+
 def plane_scratch(kh: int, kw: int, oh: int, ow: int, strides, dilations, itemsize: int) -> int:
     """Scratch elements one thread needs in driver.h's direct conv over phase planes: the planes
     (in whole vectors), the positions read past them, the results, one vector to align."""
-    (sh, sw), (dh, dw) = strides, dilations
-    vec = 64 // itemsize
-    rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
-    pitch = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+    (sh, sw), vec = strides, 64 // itemsize
+    rows, pitch = phase_plane(kh, kw, oh, ow, strides, dilations)
     runs = -(-(oh * pitch) // vec) * vec
     planes = -(-(sh * sw * rows * pitch) // vec) * vec
     return planes + 2 * runs + vec
@@ -255,10 +261,8 @@ def implicit_gemm(c: int, kh: int, kw: int, oh: int, ow: int, strides, dilations
     alignment): pf_igemm, strips of positions, where at least IGEMM_MIN_USE of the positions it
     computes are outputs; else pf_igemmc, vectors of output channels (a 14x14 plane: 196 of 240;
     a 7x7 one: 49 of 96). None where the planes exceed IGEMM_MAX_BYTES: im2col."""
-    (sh, sw), (dh, dw) = strides, dilations
-    vec = 64 // itemsize
-    rows = -(-((oh - 1) * sh + (kh - 1) * dh + 1) // sh)
-    pitch = -(-((ow - 1) * sw + (kw - 1) * dw + 1) // sw)
+    (sh, sw), vec = strides, 64 // itemsize
+    rows, pitch = phase_plane(kh, kw, oh, ow, strides, dilations)
     strip = IGEMM_VECTORS * vec
     computed = -(-(oh * pitch) // strip) * strip
     planes = c * (-(-(sh * sw * rows * pitch) // vec) * vec)
