@@ -68,6 +68,11 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     # register/shared data does not cross a kernel boundary; t's own syncs go only with t
     if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset() if keep else frozenset({t})):
         return None
+    if pa.level != Level.REGISTER and not (register_layout_ok(p2) and register_layout_ok(pb)):
+        # t -> b rearranges registers inside each lane (a window built from vector chunks that
+        # were loaded once: templates/ops_strip.py): composed, every tap would load again, and a
+        # load cannot write registers outside the identity layout
+        return None
     u1, u2 = active_units(g, op1), active_units(g, op2)
     if u1 is None or u2 is None:
         return None

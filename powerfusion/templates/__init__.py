@@ -17,6 +17,8 @@ Templates (name: parameters):
   matmul.dot / .cols, conv.depthwise.dot / .cols: ops_matmul.DotParams(style, vec) (no dot for
   depthwise windows under two warps)
   conv.depthwise.stencil: ops_stencil.StencilParams(vec) (SHARED input tile + halo, BLOCK sync)
+  conv.depthwise.strip: ops_strip.StripParams(layout, vec) (vector chunks of each window row,
+  the window built by in-lane register moves)
 Conventions: compute on REGISTER tiles in the identity layout (index i*width + j), fp16 and
 bf16 widened to float32 in registers, W = lanes*vec (1 for one-element rows), tails masked
 by `valid` on the GLOBAL slices and on the register tiles reductions read.
@@ -27,7 +29,7 @@ from typing import Callable
 
 from powerfusion import basic as B
 from powerfusion.templates.common import Candidate, Ctx, buffer_names, resolve_target, sanitize
-from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_stencil, ops_tiled
+from powerfusion.templates import ops_map, ops_reduce, ops_matmul, ops_stencil, ops_strip, ops_tiled
 
 TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
     B.Elementwise: ops_map.elementwise,
@@ -42,7 +44,7 @@ TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
     B.Window: ops_map.window,
     B.Reduce: ops_reduce.reduce,
     B.MatMul: ops_matmul.matmul,
-    B.Conv: lambda ctx: ops_matmul.conv(ctx) + ops_stencil.conv_stencil(ctx),
+    B.Conv: lambda ctx: ops_matmul.conv(ctx) + ops_stencil.conv_stencil(ctx) + ops_strip.conv_strip(ctx),
 }
 
 

@@ -16,6 +16,7 @@ from powerfusion.backends.source import KernelSource, RenderError, op_line_range
 from powerfusion.backends.cstyle.accumulate import accumulator, sumexp_push
 from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
+from powerfusion.backends.cstyle.inlane import in_lane_assignments, in_lane_slice
 from powerfusion.backends.cstyle.streaming import SIMD_SUM_MIN, Run, render_run, stream_segments
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
@@ -64,7 +65,7 @@ class KernelRenderer:
             for s in op.inputs + op.outputs:
                 if s.level != Level.REGISTER:
                     continue
-                if not _identity_layout(s):
+                if not _identity_layout(s) and not _in_lane_move(op):
                     raise _err(f"register slice {s.describe()} of '{op.describe()}' is not in identity layout")
                 buf = self.graph.buffer(s.buffer)
                 if s.width == 1:
@@ -172,6 +173,8 @@ class KernelRenderer:
     def _move(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
         if src.level == Level.REGISTER and dst.level == Level.REGISTER:
+            if not (_identity_layout(src) and _identity_layout(dst)):
+                return self._in_lane_move(op)
             if self.reg[src.buffer] != self.reg[dst.buffer] or src.count != dst.count:
                 raise _err(f"register move between layouts needs a WARP exchange: {op.describe()}")
         fast = self._vector_move(op) or self._vector_copy(op)
@@ -195,6 +198,20 @@ class KernelRenderer:
         if lead.level == Level.REGISTER and self.reg[lead.buffer].replicated and dst.level != Level.REGISTER:
             lines = ["if (lane == 0) {", *lines, "}"]  # a replicated value is stored once
         return lines
+
+    def _in_lane_move(self, op: GOp) -> list[str]:
+        """A register -> register move that changes the pattern inside each lane (inlane.py):
+        one assignment per slot, the same in every lane."""
+        (src,), (dst,) = op.inputs, op.outputs
+        lay, slay = self.reg[dst.buffer], self.reg[src.buffer]
+        same = (lay.width, lay.vec, lay.replicated) == (slay.width, slay.vec, slay.replicated)
+        pairs = in_lane_assignments(src, dst, lay.width, lay.vec, self.r.lanes) if same else None
+        if pairs is None:
+            raise _err(f"register move between patterns needs a WARP exchange: {op.describe()}")
+        sdt, ddt = self.dtype(src), self.dtype(dst)
+        fill = self._fill(src.fill, sdt, ddt)
+        return [f"{self.ref(dst, str(d))} = "
+                f"{self.r.convert(self.ref(src, str(s)), sdt, ddt) if s is not None else fill};" for d, s in pairs]
 
     def _vector_move(self, op: GOp) -> list[str] | None:
         """16/8/4-byte accesses between a contiguous aligned global slice and registers. Both
@@ -580,6 +597,11 @@ def _fill_literal(x: float, dtype: str) -> str:
 
 def _err(msg):
     return RenderError(msg)
+
+
+def _in_lane_move(op: GOp) -> bool:
+    """A register -> register move whose slices inlane.py may render (checked there in full)."""
+    return isinstance(op.args, Move) and all(in_lane_slice(s) for s in op.inputs + op.outputs)
 
 
 def _identity_layout(s: MemorySlice) -> bool:

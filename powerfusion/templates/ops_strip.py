@@ -1,0 +1,171 @@
+"""Depthwise Conv with the window's columns reused in registers (`conv.depthwise.strip`).
+
+The units are laid out as `conv.depthwise.cols` lays them out -- one unit per W = lanes x vec
+output columns of one output row, rows in (n, c, oh) order -- so the BatchNorm and activation
+after the conv line up with it and stay in its kernel. What changes is how a lane gets its
+windows. `cols` gathers KH x KW x vec elements per lane from GLOBAL, one scalar load each (a
+shifted window is not aligned to the vector); here a lane loads, for each window row kh, the
+aligned vec-wide chunks of that input row that its vec outputs' windows cover -- its own chunk
+and ceil(pad / vec) neighbouring chunks each side, each one vector access -- and builds its
+KH x KW x vec window tile from them by moves inside its own registers (the renderer emits them
+as register copies, which the compiler folds away). For a 3x3 window and vec 4: 9 aligned
+16-byte loads per lane and 4 outputs instead of 36 scalar loads; 7x7: 21 instead of 196.
+
+The weights and bias are one value per unit (one channel per output row), broadcast in
+registers. Strides above 1 keep the same structure with element loads (the chunks are no
+longer contiguous in j); the template is offered for vec > 1 only, where a chunk holds more
+than one element a lane reuses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from powerfusion import basic as B
+from powerfusion.gir.expr import Expr, I, J, U, const
+from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
+from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, reg_dtype
+from powerfusion.templates.maps import load
+
+
+@dataclass(frozen=True)
+class StripParams:
+    layout: str   # rows: a unit per W = lanes x vec columns of one output row (cols' layout)
+    vec: int      # output columns per lane, and the width of each input chunk a lane loads
+
+
+@dataclass(frozen=True)
+class _Conv:
+    N: int
+    C: int
+    Cout: int
+    IH: int
+    IW: int
+    OH: int
+    OW: int
+    KH: int
+    KW: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph: int
+    pw: int
+
+    def chunks(self, vec: int) -> range:
+        """Chunk offsets q (in vectors, relative to the lane's first input column) whose
+        columns some tap of the lane's vec outputs reads."""
+        lo = (-self.pw) // vec
+        hi = ((vec - 1) * self.sw + (self.KW - 1) * self.dw - self.pw) // vec
+        return range(lo, hi + 1)
+
+
+def _conv(ctx: Ctx) -> _Conv:
+    op: B.Conv = ctx.node.op
+    x, w = ctx.node.inputs[:2]
+    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
+    ys = ctx.tensors[ctx.node.outputs[0]].shape
+    if len(xs) != 4:
+        raise Infeasible("the strip tiles 2-D convolutions")
+    return _Conv(xs[0], xs[1], ws[0], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], op.strides[0], op.strides[1],
+                 op.dilations[0], op.dilations[1], op.pad_begins[0], op.pad_begins[1])
+
+
+def conv_strip(ctx: Ctx) -> list[Candidate]:
+    """Strip candidates of a depthwise Conv (its checks are `ops_matmul.conv`'s): the vectors
+    > 1 that `cols` offers (so the two line up with the same maps after them) and the narrowest
+    covering a row with one unit (fewest idle lanes: 56 columns, vec 2)."""
+    from powerfusion.templates.ops_matmul import _vecs
+    xs = ctx.tensors[ctx.node.inputs[0]].shape
+    ys = ctx.tensors[ctx.node.outputs[0]].shape
+    if len(xs) != 4 or ys[3] == 1 or ctx.lanes < 2:
+        return []
+    size = max(ctx.tensors[t].dtype.itemsize for t in list(ctx.node.inputs) + list(ctx.node.outputs))
+    vmax = max(v for v in (8, 4, 2, 1) if v * size <= 16)
+    vecs = _vecs(vmax, ctx.lanes, ys[3], whole=True)
+    vecs += [v for v in (2, 4, 8) if v <= vmax and ctx.lanes * v >= ys[3] > ctx.lanes * v // 2]
+    out = []
+    for v in dict.fromkeys(vecs):
+        if v == 1:
+            continue
+        c = Candidate("conv.depthwise.strip", StripParams("rows", v), ctx, _build)
+        if builds(c):
+            out.append(c)
+    return out
+
+
+def _build(ctx: Ctx, p: StripParams):
+    g = _conv(ctx)
+    vec, L = p.vec, ctx.lanes
+    W = L * vec
+    nch = -(-g.OW // W)
+    rows = g.N * g.Cout * g.OH
+    x, y = ctx.node.inputs[0], ctx.node.outputs[0]
+    acc = reg_dtype(ctx.tensors[y].dtype)
+    xdt = reg_dtype(ctx.tensors[x].dtype)
+    em = Emitter(ctx)
+    r, ow = U // nch, (U % nch) * W + J
+    tail = ow.lt(g.OW) if g.OW % W else None
+    K = g.KH * g.KW
+    from powerfusion.templates.ops_matmul import _conv_product
+    pr = _conv_product(ctx)
+    space, n_out = pr.space, pr.n_out
+    out_dims, red_dims = tuple(range(n_out)), tuple(range(n_out, len(space)))
+    pieces = [(r, out_dims[:-1]), (ow, out_dims[-1:]), (I, red_dims)]
+    rw = load(em, pr.b, pieces, space, K, W, vec, tail, "w")
+    rbias = load(em, pr.bias, pieces[:2], space[:n_out], 1, W, vec, tail, "bias") if pr.bias else None
+    win = em.reg("win", K, W, xdt, vec)
+    for kh in range(g.KH):
+        for q in g.chunks(vec):
+            chunk = _load_chunk(em, g, x, r, kh, q, vec, W, xdt)
+            _window_from_chunk(em, g, chunk, win, kh, q, vec, W, xdt)
+    prod_r = em.reg("prod", K, W, acc, vec)
+    em.op(Elementwise("mul"), [MemorySlice.strided(win.buffer, Level.REGISTER, 0, K, W, W, xdt, vec), rw], [prod_r])
+    seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, K, W, W, acc, vec, tail)
+    if K > 1:
+        part = em.reg("part", 1, W, acc, vec)
+        em.op(Reduce("sum", "num"), [seen], [part])
+        seen = part
+    if rbias is not None:
+        tot = em.reg("out", 1, W, acc, vec)
+        em.op(Elementwise("add"), [seen, rbias], [tot])
+        seen = tot
+    em.op(Move(), [seen], [em.gslice(y, r * g.OW + ow, 1, W, vec, tail)])
+    return em.graph(Parallel(rows * nch, ctx.upg, L), "conv.depthwise.strip")
+
+
+def _first_col(g: _Conv, W: int, vec: int) -> Expr:
+    """The lane's first input column (before padding) times nothing: ow0 * sw, ow0 the lane's
+    first output column ((U % nch) * W + J - J % vec)."""
+    nch = -(-g.OW // W)
+    return ((U % nch) * W + J - J % vec) * g.sw
+
+
+def _load_chunk(em: Emitter, g: _Conv, x: str, r: Expr, kh: int, q: int, vec: int, W: int, dt: str) -> MemorySlice:
+    """GLOBAL -> REGISTER: input row oh*sh + kh*dh - ph of the row's channel plane, columns
+    ow0*sw - pw + ... : chunk q holds columns ow0*sw + q*vec + (J % vec) (padding as zeros)."""
+    plane = r // g.OH
+    mult = g.Cout // g.C
+    in_plane = plane if mult == 1 else (plane // g.Cout) * g.C + (plane % g.Cout) // mult
+    ih = (r % g.OH) * g.sh + (kh * g.dh - g.ph)
+    col = (U % (-(-g.OW // W))) * W + J + q * vec if g.sw == 1 else _first_col(g, W, vec) + q * vec + J % vec
+    valid = None
+    if g.ph or (g.OH - 1) * g.sh + (g.KH - 1) * g.dh - g.ph >= g.IH:
+        valid = in_range(ih, 0, g.IH)
+    valid = and_(valid, in_range(col, 0, g.IW))
+    src = em.gslice(x, (in_plane * g.IH + ih) * g.IW + col, 1, W, vec if g.sw == 1 else 1, valid, 0.0)
+    reg = em.reg(f"x{kh}_{q - g.chunks(vec).start}", 1, W, dt, vec)
+    em.op(Move(), [src], [reg])
+    return reg
+
+
+def _window_from_chunk(em: Emitter, g: _Conv, chunk: MemorySlice, win: MemorySlice, kh: int, q: int, vec: int,
+                       W: int, dt: str) -> None:
+    """Register -> register within each lane: window row kh, tap kw, output column v of the
+    lane reads input column p = v*sw + kw*dw - pw past its first; those in chunk q (p // vec ==
+    q) come from the chunk's element p % vec."""
+    v = J % vec
+    pcol = v * g.sw + I * g.dw - g.pw
+    mine = (pcol // vec).eq(q)
+    src = MemorySlice(chunk.buffer, Level.REGISTER, J - v + pcol - q * vec, g.KW, W, dt, vec, mine)
+    dst = MemorySlice(win.buffer, Level.REGISTER, (I + kh * g.KW) * W + J, g.KW, W, dt, vec, mine)
+    em.op(Move(), [src], [dst])

@@ -1,0 +1,87 @@
+"""conv.depthwise.strip: numerics against numpy (float64), the loads it issues against the gather
+template, and the in-lane register moves that build its windows.
+
+Tolerances as tests/templates/test_stencil.py: float32 1e-5 / 1e-5, float16 2e-3 / 2e-3.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerfusion.gir.interpreter import run_gir
+from powerfusion.gir.ir import Level, Move
+from powerfusion.gir.verifier import verify
+from powerfusion.templates import buffer_names, candidates
+from tests.templates.test_stencil import TOL, conv_case, numpy_depthwise
+
+CASES = {   # id: (shape, k, stride, pads, dilation, multiplier, dtype); rows of 33..127 columns
+    "3x3-56": ((2, 3, 6, 56), 3, (1, 1), None, (1, 1), 1, "float32"),
+    "3x3-s2-uneven-pad": ((2, 2, 9, 70), 3, (2, 2), ((1, 0), (1, 1)), (1, 1), 1, "float32"),
+    "5x5-dilated": ((1, 2, 9, 40), 5, (1, 1), ((4, 4), (4, 4)), (2, 2), 1, "float32"),
+    "7x7-40": ((1, 2, 9, 40), 7, (1, 1), None, (1, 1), 1, "float32"),
+    "3x3-no-padding": ((1, 2, 8, 66), 3, (1, 1), ((0, 0), (0, 0)), (1, 1), 1, "float32"),
+    "3x3-multiplier-2-fp16": ((1, 2, 9, 40), 3, (1, 1), None, (1, 1), 2, "float16"),
+    "7x7-fp16": ((1, 2, 10, 72), 7, (1, 1), None, (1, 1), 1, "float16"),
+    "5x5-s2-fp16": ((1, 2, 11, 90), 5, (2, 2), ((2, 1), (1, 2)), (1, 1), 1, "float16"),
+}
+
+
+def strip_candidates(case, target="cuda"):
+    g, _ = case
+    node = g.graph.nodes[-1]
+    return [c for c in candidates(node, g.graph.tensors, target, buffer_names(list(g.graph.tensors)))
+            if c.name == "conv.depthwise.strip"]
+
+
+def case_of(cid):
+    shape, k, stride, pads, dil, mult, dtype = CASES[cid]
+    pads = pads if pads is not None else ((k // 2, k // 2), (k // 2, k // 2))
+    return conv_case(shape, k, stride, pads, dil, mult, dtype), (stride, pads, dil, dtype)
+
+
+@pytest.mark.parametrize("cid", list(CASES))
+def test_strip_matches_numpy(cid):
+    case, (stride, pads, dil, dtype) = case_of(cid)
+    g, values = case
+    names = buffer_names(list(g.graph.tensors))
+    node = g.graph.nodes[-1]
+    want = numpy_depthwise(values["x"], values["w"], values["bias"], stride, pads, dil)
+    cands = strip_candidates(case)
+    assert cands, f"no strip candidate for {cid}"
+    rtol, atol = TOL[dtype]
+    for c in cands:
+        gir = c.build()
+        verify(gir)
+        got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
+        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
+                                   err_msg=c.label)
+
+
+def _global_loads(gir):
+    return [op for op in gir.ops if isinstance(op.args, Move) and op.inputs[0].level == Level.GLOBAL
+            and op.inputs[0].buffer == "x"]
+
+
+def test_strip_loads_each_window_row_as_vector_chunks():
+    """Expected form of a 3x3 conv over 56-wide rows, vec 4: per window row three 4-wide chunks
+    (the lane's own and one each side) -- 9 vector loads of x per lane and 4 outputs, where cols
+    loads the 36 window elements one by one -- and the window built by register moves only."""
+    case, _ = case_of("3x3-56")
+    strip = next(c for c in strip_candidates(case) if c.params.vec == 4).build()
+    loads = _global_loads(strip)
+    assert len(loads) == 9 and all(op.inputs[0].vec == 4 and op.inputs[0].count == 128 for op in loads)
+    inlane = [op for op in strip.ops if isinstance(op.args, Move) and op.inputs[0].level == Level.REGISTER
+              and op.outputs[0].level == Level.REGISTER]
+    assert len(inlane) == 9 and all(op.outputs[0].buffer.endswith("win") for op in inlane)
+    g, _ = case
+    node = g.graph.nodes[-1]
+    cols = next(c for c in candidates(node, g.graph.tensors, "cuda", buffer_names(list(g.graph.tensors)))
+                if c.label == "conv.depthwise.cols(style=cols, vec=4, split=1, rows=1)").build()
+    (gather,) = _global_loads(cols)
+    assert gather.inputs[0].num == 9 and gather.inputs[0].vec == 4 and strip.parallel == cols.parallel
+
+
+def test_strip_is_offered_for_rows_wider_than_a_warp_only():
+    assert {c.params.vec for c in strip_candidates(conv_case((1, 2, 6, 56), 3))} == {2, 4}
+    assert strip_candidates(conv_case((1, 2, 7, 7), 7)) == []
+    assert strip_candidates(conv_case((1, 2, 9, 40), 3), "cpu") == []
