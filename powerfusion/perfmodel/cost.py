@@ -31,7 +31,7 @@ from powerfusion.targets.registry import backend
 from powerfusion.gir.expr import affine_coefficient, evaluate, loads
 from powerfusion.gir.ir import Elementwise, GIRGraph, GOp, Level, MemorySlice, Parallel, Reduce, Scope, Sync
 from powerfusion.gir.traffic import _elements, _itemsize, _units
-from powerfusion.perfmodel.index_cost import slice_index_ops
+from powerfusion.perfmodel.index_cost import lane_uniform, slice_index_ops
 from powerfusion.targets.specs import MemorySystem, Occupancy, TargetSpec, get_target
 
 ILP_CAP = 16         # independent loads a lane keeps in flight (unrolled loops; registers bound it)
@@ -287,8 +287,12 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
     scatter_s = 0.0
     shared_s = 0.0
     index_ops = 0.0
+    lane_vec = _lane_vec(op)
     for s, is_write in [(s, False) for s in op.inputs] + [(s, True) for s in op.outputs]:
         nbytes = _elements(s, units) * _itemsize(s.dtype)
+        if s.level == Level.GLOBAL and not is_write and s.vec == 1 and lane_vec > 1 and \
+                lane_uniform(s.index, lane_vec):
+            nbytes /= lane_vec   # one address per lane's vector, loaded once (see _lsu_seconds)
         by_level[s.level.label] = by_level.get(s.level.label, 0.0) + nbytes
         if s.level == Level.GLOBAL:
             amp = _sector_amplification(s, units, P, t.memory)
@@ -311,7 +315,7 @@ def _op_estimate(op: GOp, graph: GIRGraph, lim: KernelLimits, t: TargetSpec,
             vec = _rendered_vec(op, s, P, t)
             # global addresses only: the flat stencil's per-element // and % into its shared
             # tile measured fastest all the same (gir-dwconv.md), so shared ones are not charged
-            index_ops += _elements(s, units) * slice_index_ops(s, vec)
+            index_ops += _elements(s, units) * slice_index_ops(s, vec, lane_vec)
             lanes_used = min(P.lanes, max(1, -(-s.width // max(1, vec))))
             # loads into registers are unrolled over segments and lane chunks; stores need no wait
             ilp = ILP_CAP if is_write else _load_ilp(op, s, P, t)
@@ -359,15 +363,23 @@ def _lsu_seconds(op: GOp, units: np.ndarray, P: Parallel, t: TargetSpec, sms_use
         return 0.0
     rate = shared.bandwidth / 128.0 * sms_used / t.groups_concurrent
     waves = 0.0
+    lane_vec = _lane_vec(op)
     for s in op.inputs + op.outputs:
         if s.level == Level.REGISTER:
             continue
         vec = _access_vec(s, units)
+        if vec == 1 and lane_vec > 1 and lane_uniform(s.index, lane_vec):
+            vec = lane_vec   # one address per lane's vector: nvcc loads it once
         per_unit = s.num * max(1, -(-s.width // (P.lanes * vec)))
         degree = _bank_conflicts(s, units, P) if s.level == Level.SHARED else \
             _sector_amplification(s, units, P, t.memory)
         waves += per_unit * len(units) * degree
     return waves / rate
+
+
+def _lane_vec(op: GOp) -> int:
+    """The vector width of the register tiles an op reads or writes (a lane's run of elements)."""
+    return max((s.vec for s in op.inputs + op.outputs if s.level == Level.REGISTER), default=1)
 
 
 def _access_vec(s: MemorySlice, units: np.ndarray) -> int:

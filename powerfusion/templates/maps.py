@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from powerfusion.gir.expr import Expr, U, affine_coefficient, const, substitute, variables
+from powerfusion.gir.expr import Expr, J, U, affine_coefficient, const, substitute, variables
 from powerfusion.gir.ir import Broadcast, Elementwise, Move, Parallel
 from powerfusion.templates.common import (Ctx, Emitter, Infeasible, View, and_, chunk_tiling, coords,
                                           cyclic_tiling, prod, reg_dtype, rows_tiling, view_index)
@@ -79,9 +79,13 @@ def tiling(tp: TileParams, shape, lanes: int):
 
 
 def load(em: Emitter, src: Source, pieces, shape, num: int, W: int, vec: int, tail: Expr | None,
-         suffix: str, guard: Expr | None = None, into=None):
+         suffix: str, guard: Expr | None = None, into=None, lane_rows: bool = False):
     """GLOBAL -> REGISTER for one source; returns the num x W register slice holding it.
-    An index that does not vary with j (or i) is loaded once and broadcast in registers."""
+    An index that does not vary with j (or i) is loaded once and broadcast in registers.
+    `lane_rows`: the tiling keeps each lane's vec elements inside one row of the space's last
+    dim (map tilings do, where that dim is a multiple of vec), so a view that does not move
+    along that dim (a per-channel parameter broadcast over NCHW) reads one value per lane and
+    vector: loaded at the vector's first element (each lane's vec loads share an address)."""
     cs = coords(pieces, shape)
     index = src.index(cs) if src.index is not None else view_index(src.view, pieces, shape)
     valid = and_(tail, src.valid(cs) if src.valid is not None else None)
@@ -104,9 +108,12 @@ def load(em: Emitter, src: Source, pieces, shape, num: int, W: int, vec: int, ta
         out = em.reg(suffix, num, W, dt, vec)
         em.op(Broadcast("num"), [b], [out], guard)
         return out
+    gvec = vec
     if vec > 1 and "j" in variables(index) and affine_coefficient(index, "j") != 1:
-        raise Infeasible(f"vec={vec} needs a contiguous access of {src.tensor}")
-    g = em.gslice(src.tensor, index, num, W, vec, valid, src.fill)
+        if not (lane_rows and src.view is not None and src.view.lin[-1] == 0 and shape[-1] % vec == 0):
+            raise Infeasible(f"vec={vec} needs a contiguous access of {src.tensor}")
+        index, gvec = substitute(index, {"j": (J // vec) * vec}), 1
+    g = em.gslice(src.tensor, index, num, W, gvec, valid, src.fill)
     r = into or em.reg(suffix, num, W, dt, vec)
     em.op(Move(), [g], [r], guard)
     return r
@@ -131,7 +138,7 @@ def build_parts(ctx: Ctx, tp: TileParams, parts: Sequence[Part], template: str):
             guard = and_(guard, p.guard(coords(pieces, p.space)))
         tag = f"p{k}_" if len(parts) > 1 else ""
         W = tile_width(tp, p.space, ctx.lanes)
-        regs = [load(em, s, pieces, p.space, num, W, tp.vec, tail, f"{tag}in{n}", guard)
+        regs = [load(em, s, pieces, p.space, num, W, tp.vec, tail, f"{tag}in{n}", guard, lane_rows=True)
                 for n, s in enumerate(p.sources)]
         if p.fn is not None:
             out = em.reg(f"{tag}out", num, W, reg_dtype(ctx.tensors[p.dst].dtype), tp.vec)

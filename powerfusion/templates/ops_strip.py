@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from powerfusion import basic as B
-from powerfusion.gir.expr import Expr, I, J, U, const
+from powerfusion.gir.expr import Expr, I, J, U, variables
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
-from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, reg_dtype
+from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, prod, reg_dtype
 from powerfusion.templates.maps import load
 
 
@@ -83,44 +83,67 @@ def conv_strip(ctx: Ctx) -> list[Candidate]:
     vmax = max(v for v in (8, 4, 2, 1) if v * size <= 16)
     vecs = _vecs(vmax, ctx.lanes, ys[3], whole=True)
     vecs += [v for v in (2, 4, 8) if v <= vmax and ctx.lanes * v >= ys[3] > ctx.lanes * v // 2]
+    points = [StripParams("rows", v) for v in dict.fromkeys(vecs) if v > 1]
+    # flat: every lane busy (a 56-wide row leaves 18 of 32 lanes idle at vec 4), a lane's vec
+    # outputs in one row; the vector the chunk maps after it take (the widest dividing the
+    # output), else the BatchNorm and activation cannot line up with it
+    v = max(v for v in (8, 4, 2, 1) if v <= vmax and prod(ys) % v == 0)
+    if v > 1 and ys[3] % v == 0:
+        points.append(StripParams("flat", v))
     out = []
-    for v in dict.fromkeys(vecs):
-        if v == 1:
-            continue
-        c = Candidate("conv.depthwise.strip", StripParams("rows", v), ctx, _build)
+    for p in points:
+        c = Candidate("conv.depthwise.strip", p, ctx, _build)
         if builds(c):
             out.append(c)
     return out
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """Where a unit's lanes sit in the output: `f0` the flat output of the lane's first column,
+    `ow0` that column, `r` its row (over n, c, oh), `out` the flat output of element (u, i, j)."""
+    units: int
+    r: Expr
+    ow0: Expr
+    out: Expr
+    tail: Expr | None        # the element's output exists
+    lane_tail: Expr | None   # the lane's first output exists (its chunks feed all its outputs)
+
+
+def _rows_tiling(g: _Conv, W: int, vec: int) -> _Tiling:
+    nch = -(-g.OW // W)
+    r, ow = U // nch, (U % nch) * W + J
+    ow0 = ow - J % vec
+    return _Tiling(g.N * g.Cout * g.OH * nch, r, ow0, r * g.OW + ow, ow.lt(g.OW) if g.OW % W else None,
+                   ow0.lt(g.OW) if g.OW % W else None)
+
+
+def _flat_tiling(g: _Conv, W: int, vec: int) -> _Tiling:
+    total = g.N * g.Cout * g.OH * g.OW
+    f, f0 = U * W + J, U * W + (J // vec) * vec
+    return _Tiling(-(-total // W), f0 // g.OW, f0 % g.OW, f, f.lt(total) if total % W else None,
+                   f0.lt(total) if total % W else None)
 
 
 def _build(ctx: Ctx, p: StripParams):
     g = _conv(ctx)
     vec, L = p.vec, ctx.lanes
     W = L * vec
-    nch = -(-g.OW // W)
-    rows = g.N * g.Cout * g.OH
+    t = (_flat_tiling if p.layout == "flat" else _rows_tiling)(g, W, vec)
     x, y = ctx.node.inputs[0], ctx.node.outputs[0]
     acc = reg_dtype(ctx.tensors[y].dtype)
     xdt = reg_dtype(ctx.tensors[x].dtype)
     em = Emitter(ctx)
-    r, ow = U // nch, (U % nch) * W + J
-    tail = ow.lt(g.OW) if g.OW % W else None
     K = g.KH * g.KW
-    from powerfusion.templates.ops_matmul import _conv_product
-    pr = _conv_product(ctx)
-    space, n_out = pr.space, pr.n_out
-    out_dims, red_dims = tuple(range(n_out)), tuple(range(n_out, len(space)))
-    pieces = [(r, out_dims[:-1]), (ow, out_dims[-1:]), (I, red_dims)]
-    rw = load(em, pr.b, pieces, space, K, W, vec, tail, "w")
-    rbias = load(em, pr.bias, pieces[:2], space[:n_out], 1, W, vec, tail, "bias") if pr.bias else None
+    rw, rbias = _weights(em, ctx, g, t, K, W, vec)
     win = em.reg("win", K, W, xdt, vec)
     for kh in range(g.KH):
         for q in g.chunks(vec):
-            chunk = _load_chunk(em, g, x, r, kh, q, vec, W, xdt)
+            chunk = _load_chunk(em, g, x, t, kh, q, vec, W, xdt)
             _window_from_chunk(em, g, chunk, win, kh, q, vec, W, xdt)
     prod_r = em.reg("prod", K, W, acc, vec)
     em.op(Elementwise("mul"), [MemorySlice.strided(win.buffer, Level.REGISTER, 0, K, W, W, xdt, vec), rw], [prod_r])
-    seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, K, W, W, acc, vec, tail)
+    seen = MemorySlice.strided(prod_r.buffer, Level.REGISTER, 0, K, W, W, acc, vec, t.tail)
     if K > 1:
         part = em.reg("part", 1, W, acc, vec)
         em.op(Reduce("sum", "num"), [seen], [part])
@@ -129,30 +152,54 @@ def _build(ctx: Ctx, p: StripParams):
         tot = em.reg("out", 1, W, acc, vec)
         em.op(Elementwise("add"), [seen, rbias], [tot])
         seen = tot
-    em.op(Move(), [seen], [em.gslice(y, r * g.OW + ow, 1, W, vec, tail)])
-    return em.graph(Parallel(rows * nch, ctx.upg, L), "conv.depthwise.strip")
+    em.op(Move(), [seen], [em.gslice(y, t.out, 1, W, vec, t.tail)])
+    return em.graph(Parallel(t.units, ctx.upg, L), "conv.depthwise.strip")
 
 
-def _first_col(g: _Conv, W: int, vec: int) -> Expr:
-    """The lane's first input column (before padding) times nothing: ow0 * sw, ow0 the lane's
-    first output column ((U % nch) * W + J - J % vec)."""
-    nch = -(-g.OW // W)
-    return ((U % nch) * W + J - J % vec) * g.sw
+def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: int):
+    """The KH x KW weights (and the bias) of each lane's channel as K x W (1 x W) register tiles.
+    Rows layout: one channel per unit, loaded once and broadcast. Flat: a unit's lanes may span
+    two channels; each lane loads its channel's (the vec columns of a lane share one address,
+    which the compiler loads once)."""
+    w = ctx.node.inputs[1]
+    bias = ctx.node.inputs[2] if len(ctx.node.inputs) > 2 else None
+    co = (t.r // g.OH) % g.Cout
+    if "j" not in variables(co):
+        from powerfusion.templates.ops_matmul import _conv_product
+        pr = _conv_product(ctx)
+        out_dims = tuple(range(pr.n_out))
+        pieces = [(t.r, out_dims[:-1]), (t.ow0 + J % vec, out_dims[-1:]), (I, tuple(range(pr.n_out, len(pr.space))))]
+        rw = load(em, pr.b, pieces, pr.space, K, W, vec, t.tail, "w")
+        rbias = load(em, pr.bias, pieces[:2], pr.space[:pr.n_out], 1, W, vec, t.tail, "bias") if bias else None
+        return rw, rbias
+    rw = em.reg("w", K, W, reg_dtype(ctx.tensors[w].dtype), vec)
+    em.op(Move(), [em.gslice(w, co * K + I, K, W, 1, t.tail)], [rw])
+    if bias is None:
+        return rw, None
+    rbias = em.reg("bias", 1, W, reg_dtype(ctx.tensors[bias].dtype), vec)
+    em.op(Move(), [em.gslice(bias, co, 1, W, 1, t.tail)], [rbias])
+    return rw, rbias
 
 
-def _load_chunk(em: Emitter, g: _Conv, x: str, r: Expr, kh: int, q: int, vec: int, W: int, dt: str) -> MemorySlice:
-    """GLOBAL -> REGISTER: input row oh*sh + kh*dh - ph of the row's channel plane, columns
-    ow0*sw - pw + ... : chunk q holds columns ow0*sw + q*vec + (J % vec) (padding as zeros)."""
-    plane = r // g.OH
+def _load_chunk(em: Emitter, g: _Conv, x: str, t: _Tiling, kh: int, q: int, vec: int, W: int,
+                dt: str) -> MemorySlice:
+    """GLOBAL -> REGISTER: input row oh*sh + kh*dh - ph of the lane's channel plane, chunk q:
+    columns ow0*sw + q*vec + (J % vec), padding as zeros. With stride 1 and the input the
+    output's size the index is the output's flat index plus a constant (one vector access per
+    lane); the masks test whole chunks where the row length is a multiple of vec."""
+    plane, oh = t.r // g.OH, t.r % g.OH
     mult = g.Cout // g.C
     in_plane = plane if mult == 1 else (plane // g.Cout) * g.C + (plane % g.Cout) // mult
-    ih = (r % g.OH) * g.sh + (kh * g.dh - g.ph)
-    col = (U % (-(-g.OW // W))) * W + J + q * vec if g.sw == 1 else _first_col(g, W, vec) + q * vec + J % vec
-    valid = None
+    ih = oh * g.sh + (kh * g.dh - g.ph)
+    col0 = t.ow0 * g.sw + q * vec
+    same = mult == 1 and g.sh == g.sw == 1 and (g.IH, g.IW) == (g.OH, g.OW)
+    index = t.out + (kh * g.dh - g.ph) * g.IW + q * vec if same else (in_plane * g.IH + ih) * g.IW + col0 + J % vec
+    valid = t.lane_tail
     if g.ph or (g.OH - 1) * g.sh + (g.KH - 1) * g.dh - g.ph >= g.IH:
-        valid = in_range(ih, 0, g.IH)
-    valid = and_(valid, in_range(col, 0, g.IW))
-    src = em.gslice(x, (in_plane * g.IH + ih) * g.IW + col, 1, W, vec if g.sw == 1 else 1, valid, 0.0)
+        valid = and_(valid, in_range(ih, 0, g.IH))
+    whole = g.sw == 1 and g.IW % vec == 0
+    valid = and_(valid, in_range(col0 if whole else col0 + J % vec, 0, g.IW))
+    src = em.gslice(x, index, 1, W, vec if g.sw == 1 else 1, valid, 0.0)
     reg = em.reg(f"x{kh}_{q - g.chunks(vec).start}", 1, W, dt, vec)
     em.op(Move(), [src], [reg])
     return reg
