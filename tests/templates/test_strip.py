@@ -85,3 +85,32 @@ def test_strip_is_offered_for_rows_wider_than_a_warp_only():
     assert {c.params.vec for c in strip_candidates(conv_case((1, 2, 6, 56), 3))} == {2, 4}
     assert strip_candidates(conv_case((1, 2, 7, 7), 7)) == []
     assert strip_candidates(conv_case((1, 2, 9, 40), 3), "cpu") == []
+
+
+def test_flat_strip_keeps_every_lane_busy_and_loads_a_lane_vector_per_chunk():
+    """Expected form over the flattened output (56-wide rows, vec 4): a unit per 128 consecutive
+    outputs (3136 / 128 = 24.5 units a plane: units cross planes),
+    9 chunk loads of x that are contiguous and vec-wide (the output's flat index plus a
+    constant), the weights loaded per lane (a unit may hold two channels)."""
+    case = conv_case((2, 3, 56, 56), 3)
+    flat = next(c for c in strip_candidates(case) if c.params.layout == "flat").build()
+    assert flat.parallel.units == 2 * 3 * 56 * 56 // 128
+    loads = _global_loads(flat)
+    assert len(loads) == 9 and all(op.inputs[0].vec == 4 and op.inputs[0].contiguous for op in loads)
+    (w,) = [op for op in flat.ops if op.inputs and op.inputs[0].buffer == "w"]
+    assert w.outputs[0].num == 9 and w.outputs[0].vec == 4
+
+
+def test_search_picks_the_flat_strip_for_the_3x3_bn_silu_at_56x56():
+    """EfficientNet-B0's 3x3 depthwise + BatchNorm + SiLU at 32x144x56x56 (the subgraph suite's
+    row): the flat strip with the BatchNorm and SiLU as chunk maps of its vector, one kernel."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import gir_cases
+    from powerfusion.compiler import compile_model
+    case = gir_cases.dwconv_bn_silu("t", 32, 144, 56)
+    (step,) = compile_model(case.model, "h200").kernel_steps
+    labels = [t for _, t in step.gir.templates]
+    assert len(step.gir.kernels()) == 1 and labels[0] == "conv.depthwise.strip(layout=flat, vec=4)", labels
+    assert all(".chunk(kind=chunk, vec=4" in t for t in labels[1:]), labels

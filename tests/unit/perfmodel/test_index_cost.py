@@ -93,3 +93,16 @@ def test_the_shuffles_search_picks_a_vectorised_plane_copy():
             assert slice_index_ops(s, s.vec) < DIVMOD_OPS, s
     assert [r.predicted_s for r in ch.top] == sorted(r.predicted_s for r in ch.top)
     assert np.isfinite(ch.predicted_s)
+
+
+def test_parts_seen_through_j_over_the_lane_vector_are_counted_once_per_vector():
+    """A depthwise strip over the flat output tests its row and column masks on j // 4 (the
+    lane's first output): the same for the lane's 4 elements, computed once (nvcc knows
+    j = 4 * lane + v); a mask on j itself stays per element."""
+    f0 = U * 128 + (J // 4) * 4
+    lane_mask = _slice("x", U * 128 + J, ((f0 // 56) % 56).ge(1) & (f0 % 56).ge(1), vec=4)
+    elem_mask = _slice("x", U * 128 + J, (((U * 128 + J) // 56) % 56).ge(1) & ((U * 128 + J) % 56).ge(1), vec=4)
+    assert slice_index_ops(lane_mask, 4, 4) * 3 < slice_index_ops(lane_mask, 4, 1)
+    assert slice_index_ops(elem_mask, 4, 4) == slice_index_ops(elem_mask, 4, 1)
+    from powerfusion.perfmodel.index_cost import lane_uniform
+    assert lane_uniform(((U * 32 + J // 4) // 784) % 144, 4) and not lane_uniform((U * 128 + J) // 3136, 4)

@@ -193,3 +193,27 @@ def test_other_targets(target):
     for case in (one(B.Reduce("sum", (1,), True), [(5, 150)]), one(B.Transpose((1, 0)), [(70, 33)]),
                  one(B.Elementwise("add"), [(3, 100), (3, 100)])):
         check_node_candidates(case, target)
+
+
+
+def test_a_per_channel_broadcast_takes_the_chunk_maps_vector():
+    """A (C, 1, 1) parameter broadcast over N x C x H x W under a chunk tiling of vec 4 (W a
+    multiple of 4): each lane's 4 elements share one channel, so the load is one address per
+    lane's vector (its first element's) and the candidate exists; the numbers match numpy. With
+    W = 6 a lane's vector would span two rows: no vec-4 chunk candidate."""
+    from powerfusion import basic as B
+    from powerfusion.gir.interpreter import run_gir
+    from powerfusion.templates import buffer_names, candidates
+    for w, offered in ((8, True), (6, False)):
+        b = GraphBuilder("bc", 0)
+        p = b.input("p", (3, 1, 1), "float32")
+        b.op(B.Broadcast((2, 3, 4, w)), [p])
+        g = b.build()
+        node = g.graph.nodes[-1]
+        names = buffer_names(list(g.graph.tensors))
+        cands = [c for c in candidates(node, g.graph.tensors, "cuda", names)
+                 if c.name == "broadcast.chunk" and c.params.vec == 4]
+        assert bool(cands) == offered
+        for c in cands:
+            got = run_gir(c.build(), {names["p"]: b.values["p"]})[names[node.outputs[0]]]
+            np.testing.assert_array_equal(got.reshape(2, 3, 4, w), np.broadcast_to(b.values["p"], (2, 3, 4, w)))
