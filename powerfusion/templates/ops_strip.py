@@ -1,20 +1,21 @@
-"""Depthwise Conv with the window's columns reused in registers (`conv.depthwise.strip`).
+"""Depthwise Conv with the window's columns reused in registers (`conv.depthwise.strip`,
+docs/gir.md "Strips").
 
-The units are laid out as `conv.depthwise.cols` lays them out -- one unit per W = lanes x vec
-output columns of one output row, rows in (n, c, oh) order -- so the BatchNorm and activation
-after the conv line up with it and stay in its kernel. What changes is how a lane gets its
-windows. `cols` gathers KH x KW x vec elements per lane from GLOBAL, one scalar load each (a
-shifted window is not aligned to the vector); here a lane loads, for each window row kh, the
-aligned vec-wide chunks of that input row that its vec outputs' windows cover -- its own chunk
-and ceil(pad / vec) neighbouring chunks each side, each one vector access -- and builds its
-KH x KW x vec window tile from them by moves inside its own registers (the renderer emits them
-as register copies, which the compiler folds away). For a 3x3 window and vec 4: 9 aligned
-16-byte loads per lane and 4 outputs instead of 36 scalar loads; 7x7: 21 instead of 196.
+Each lane computes vec consecutive outputs of one row. `cols` gathers KH x KW x vec elements
+per lane from GLOBAL, one scalar load each (a shifted window is off the vector grid); here a
+lane loads, for each window row kh, the aligned vec-wide chunks of that input row that its
+outputs' windows cover -- its own chunk and ceil(pad / vec) neighbouring chunks each side, one
+vector access each -- and builds its KH x KW x vec window tile from them by moves inside its
+own registers (rendered as register copies, which the compiler folds away). For a 3x3 window
+and vec 4: 9 vector loads per lane and 4 outputs instead of 36 scalar loads; 7x7: 21 instead
+of 196.
 
-The weights and bias are one value per unit (one channel per output row), broadcast in
-registers. Strides above 1 keep the same structure with element loads (the chunks are no
-longer contiguous in j); the template is offered for vec > 1 only, where a chunk holds more
-than one element a lane reuses.
+Layouts: `rows`, cols' own (one unit per W = lanes x vec output columns of one row, the weights
+one value per unit, broadcast), so the maps after the conv line up as with `cols`; `flat`, a
+unit per W consecutive outputs of the flattened output (every lane busy where rows are
+narrower than W; each lane loads its channel's weights), lining up with chunk maps. Strides
+above 1 keep the structure with element loads (the chunks are not contiguous in j); the
+template is offered for vec > 1 only, where a chunk holds more than one element a lane reuses.
 """
 from __future__ import annotations
 
@@ -100,11 +101,13 @@ def conv_strip(ctx: Ctx) -> list[Candidate]:
 
 @dataclass(frozen=True)
 class _Tiling:
-    """Where a unit's lanes sit in the output: `f0` the flat output of the lane's first column,
-    `ow0` that column, `r` its row (over n, c, oh), `out` the flat output of element (u, i, j)."""
+    """Where a unit's lanes sit in the output: `r` the row (over n, c, oh) of the lane's
+    outputs, `ow0` its first output column, `ow` element (u, i, j)'s column and `out` its flat
+    output index."""
     units: int
     r: Expr
     ow0: Expr
+    ow: Expr
     out: Expr
     tail: Expr | None        # the element's output exists
     lane_tail: Expr | None   # the lane's first output exists (its chunks feed all its outputs)
@@ -114,14 +117,14 @@ def _rows_tiling(g: _Conv, W: int, vec: int) -> _Tiling:
     nch = -(-g.OW // W)
     r, ow = U // nch, (U % nch) * W + J
     ow0 = ow - J % vec
-    return _Tiling(g.N * g.Cout * g.OH * nch, r, ow0, r * g.OW + ow, ow.lt(g.OW) if g.OW % W else None,
+    return _Tiling(g.N * g.Cout * g.OH * nch, r, ow0, ow, r * g.OW + ow, ow.lt(g.OW) if g.OW % W else None,
                    ow0.lt(g.OW) if g.OW % W else None)
 
 
 def _flat_tiling(g: _Conv, W: int, vec: int) -> _Tiling:
     total = g.N * g.Cout * g.OH * g.OW
     f, f0 = U * W + J, U * W + (J // vec) * vec
-    return _Tiling(-(-total // W), f0 // g.OW, f0 % g.OW, f, f.lt(total) if total % W else None,
+    return _Tiling(-(-total // W), f0 // g.OW, f0 % g.OW, f0 % g.OW + J % vec, f, f.lt(total) if total % W else None,
                    f0.lt(total) if total % W else None)
 
 
@@ -193,12 +196,13 @@ def _load_chunk(em: Emitter, g: _Conv, x: str, t: _Tiling, kh: int, q: int, vec:
     ih = oh * g.sh + (kh * g.dh - g.ph)
     col0 = t.ow0 * g.sw + q * vec
     same = mult == 1 and g.sh == g.sw == 1 and (g.IH, g.IW) == (g.OH, g.OW)
-    index = t.out + (kh * g.dh - g.ph) * g.IW + q * vec if same else (in_plane * g.IH + ih) * g.IW + col0 + J % vec
+    col = t.ow + q * vec if g.sw == 1 else col0 + J % vec    # element j's column, contiguous in j where it can be
+    index = t.out + (kh * g.dh - g.ph) * g.IW + q * vec if same else (in_plane * g.IH + ih) * g.IW + col
     valid = t.lane_tail
     if g.ph or (g.OH - 1) * g.sh + (g.KH - 1) * g.dh - g.ph >= g.IH:
         valid = and_(valid, in_range(ih, 0, g.IH))
     whole = g.sw == 1 and g.IW % vec == 0
-    valid = and_(valid, in_range(col0 if whole else col0 + J % vec, 0, g.IW))
+    valid = and_(valid, in_range(col0 if whole else col, 0, g.IW))
     src = em.gslice(x, index, 1, W, vec if g.sw == 1 else 1, valid, 0.0)
     reg = em.reg(f"x{kh}_{q - g.chunks(vec).start}", 1, W, dt, vec)
     em.op(Move(), [src], [reg])

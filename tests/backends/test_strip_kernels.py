@@ -74,17 +74,13 @@ def test_dwconv_bn_silu_flat_strip_session_on_gpu():
     """The subgraph suite's 3x3 + BatchNorm + SiLU at 32x144x56x56 through
     InferenceSession(target="cuda"): the plan test_strip.py checks (the flat strip, one kernel),
     against numpy's float64 reference (float32: rtol / atol 1e-4)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import gir_cases
-    from onnx import numpy_helper
     from powerfusion import InferenceSession
     from tests.templates.test_stencil import numpy_depthwise
-    case = gir_cases.dwconv_bn_silu("t", 32, 144, 56)
+    from tests.templates.test_strip import dwconv_bn_silu_model
+    model, p = dwconv_bn_silu_model(32, 144, 56)
     x = np.random.default_rng(4).standard_normal((32, 144, 56, 56)).astype(np.float32)
-    got = InferenceSession(case.model.SerializeToString(), target="cuda").run(None, {"x": x})[0].astype(np.float64)
-    # the case's constants in the order it makes them: the weights, then scale, bias, mean, variance
-    w, sc, bi, mu, var = (numpy_helper.to_array(t).astype(np.float64) for t in case.model.graph.initializer)
-    conv = numpy_depthwise(x, w, None, (1, 1), ((1, 1), (1, 1)), (1, 1))
-    per_c = [a[None, :, None, None] for a in (sc, bi, mu, var)]
-    bn = (conv - per_c[2]) / np.sqrt(per_c[3] + gir_cases.EPS) * per_c[0] + per_c[1]
+    got = InferenceSession(model.SerializeToString(), target="cuda").run(None, {"x": x})[0].astype(np.float64)
+    conv = numpy_depthwise(x, p["w"], None, (1, 1), ((1, 1), (1, 1)), (1, 1))
+    sc, bi, mu, var = (p[k].astype(np.float64)[None, :, None, None] for k in ("sc", "bi", "mu", "var"))
+    bn = (conv - mu) / np.sqrt(var + 1e-5) * sc + bi
     np.testing.assert_allclose(got, bn / (1 + np.exp(-bn)), rtol=1e-4, atol=1e-4)

@@ -101,16 +101,26 @@ def test_flat_strip_keeps_every_lane_busy_and_loads_a_lane_vector_per_chunk():
     assert w.outputs[0].num == 9 and w.outputs[0].vec == 4
 
 
+def dwconv_bn_silu_model(n: int, c: int, hw: int):
+    """3x3 depthwise (padding 1, no bias) + BatchNormalization + SiLU, fp32, and its parameters."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    params = {"w": (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32),
+              **{k: rng.standard_normal(c).astype(np.float32) for k in ("sc", "bi", "mu")},
+              "var": (rng.random(c) + 0.5).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=c, kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("BatchNormalization", ["c", "sc", "bi", "mu", "var"], ["b"], epsilon=1e-5),
+             helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Mul", ["b", "s"], ["y"])]
+    vi = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [n, c, hw, hw]) for t in ("x", "y")]
+    graph = helper.make_graph(nodes, "dw", vi[:1], vi[1:], [numpy_helper.from_array(a, k) for k, a in params.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), params
+
+
 def test_search_picks_the_flat_strip_for_the_3x3_bn_silu_at_56x56():
     """EfficientNet-B0's 3x3 depthwise + BatchNorm + SiLU at 32x144x56x56 (the subgraph suite's
     row): the flat strip with the BatchNorm and SiLU as chunk maps of its vector, one kernel."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import gir_cases
     from powerfusion.compiler import compile_model
-    case = gir_cases.dwconv_bn_silu("t", 32, 144, 56)
-    (step,) = compile_model(case.model, "h200").kernel_steps
+    (step,) = compile_model(dwconv_bn_silu_model(32, 144, 56)[0], "h200").kernel_steps
     labels = [t for _, t in step.gir.templates]
     assert len(step.gir.kernels()) == 1 and labels[0] == "conv.depthwise.strip(layout=flat, vec=4)", labels
     assert all(".chunk(kind=chunk, vec=4" in t for t in labels[1:]), labels
