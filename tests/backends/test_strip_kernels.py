@@ -19,7 +19,7 @@ from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
 from powerfusion.gir.expr import I, J  # noqa: E402
 from powerfusion.gir.ir import Level, MemorySlice  # noqa: E402
 from tests.backends.test_stencil_kernels import test_stencil_kernel_on_gpu_matches_interpreter as _on_gpu  # noqa: E402
-from tests.templates.test_strip import CASES, case_of, strip_candidates  # noqa: E402
+from tests.unit.templates.test_strip import CASES, case_of, strip_candidates  # noqa: E402
 
 
 def _graphs(target="cuda"):
@@ -75,8 +75,8 @@ def test_dwconv_bn_silu_flat_strip_session_on_gpu():
     InferenceSession(target="cuda"): the plan test_strip.py checks (the flat strip, one kernel),
     against numpy's float64 reference (float32: rtol / atol 1e-4)."""
     from powerfusion import InferenceSession
-    from tests.templates.test_stencil import numpy_depthwise
-    from tests.templates.test_strip import dwconv_bn_silu_model
+    from tests.unit.templates.test_stencil import numpy_depthwise
+    from tests.unit.templates.test_strip import dwconv_bn_silu_model
     model, p = dwconv_bn_silu_model(32, 144, 56)
     x = np.random.default_rng(4).standard_normal((32, 144, 56, 56)).astype(np.float32)
     got = InferenceSession(model.SerializeToString(), target="cuda").run(None, {"x": x})[0].astype(np.float64)

@@ -12,7 +12,7 @@ from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Level, Move
 from powerfusion.gir.verifier import verify
 from powerfusion.templates import buffer_names, candidates
-from tests.templates.test_stencil import TOL, conv_case, numpy_depthwise
+from tests.unit.templates.test_stencil import TOL, conv_case, numpy_depthwise
 
 CASES = {   # id: (shape, k, stride, pads, dilation, multiplier, dtype); rows of 33..127 columns
     "3x3-56": ((2, 3, 6, 56), 3, (1, 1), None, (1, 1), 1, "float32"),
