@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from powerfusion.gir.expr import I, J, loads
+from powerfusion.gir.expr import I, J, evaluate, loads, variables
 from powerfusion.gir.traffic import not_worse, traffic, traffic_after
 from powerfusion.gir.ir import KIND_OF, Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
 
@@ -202,6 +202,15 @@ def register_layout_ok(s: MemorySlice) -> bool:
     if s.level != Level.REGISTER:
         return True
     return s.index == I * s.width + J or (s.num == 1 and s.index == J) or (s.width == 1 and s.index == I)
+
+
+def in_lane_pattern(s: MemorySlice) -> bool:
+    """A register slice addressing its tile other than element (i, j) at i * width + j, by
+    value (an in-lane window move's side: templates/ops_strip.py)."""
+    if s.level != Level.REGISTER or register_layout_ok(s) or variables(s.index) - {"i", "j"}:
+        return False
+    i, j = np.meshgrid(np.arange(s.num), np.arange(s.width), indexing="ij")
+    return not np.array_equal(np.broadcast_to(evaluate(s.index, {"i": i, "j": j}), i.shape), i * s.width + j)
 
 
 def same_guard(a: GOp, b: GOp) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from powerfusion.gir.expr import binop
 from powerfusion.gir.ir import Buffer, GIRGraph, Level, MemorySlice
-from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, fresh_name, index, interface, is_move, is_sync, loaded_anywhere,
+from powerfusion.rewrite.base import (Rewrite, in_lane_pattern, matches, if_not_worse, active_units, consts, device_barrier_between, fresh_name, index, interface, is_move, is_sync, loaded_anywhere,
                                       next_uid, readers, register_layout_ok, rename_buffer, without_syncs_on, same_guard, written_between, writers)
 from powerfusion.rewrite.merge_split import compose_split
 from powerfusion.rewrite.patterns import compact, composition_need, writer_coords
@@ -68,7 +68,7 @@ def compose_moves(g: GIRGraph, at: int) -> Rewrite | None:
     # register/shared data does not cross a kernel boundary; t's own syncs go only with t
     if pa.level != Level.GLOBAL and device_barrier_between(g, w, at, frozenset() if keep else frozenset({t})):
         return None
-    if pa.level != Level.REGISTER and not (register_layout_ok(p2) and register_layout_ok(pb)):
+    if pa.level != Level.REGISTER and (in_lane_pattern(p2) or in_lane_pattern(pb)):
         # t -> b rearranges registers inside each lane (a window built from vector chunks that
         # were loaded once: templates/ops_strip.py): composed, every tap would load again, and a
         # load cannot write registers outside the identity layout

@@ -174,7 +174,7 @@ class KernelRenderer:
     def _move(self, op: GOp) -> list[str]:
         (src,), (dst,) = op.inputs, op.outputs
         if src.level == Level.REGISTER and dst.level == Level.REGISTER:
-            if not (_identity_layout(src) and _identity_layout(dst)):
+            if _in_lane_move(op) and not (_identity_layout(src) and _identity_layout(dst)):
                 return self._in_lane_move(op)
             if self.reg[src.buffer] != self.reg[dst.buffer] or src.count != dst.count:
                 raise _err(f"register move between layouts needs a WARP exchange: {op.describe()}")
