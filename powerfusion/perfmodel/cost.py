@@ -417,12 +417,10 @@ def _lsu_seconds(op: GOp, units: np.ndarray, P: Parallel, t: TargetSpec, sms_use
     for s in op.inputs + op.outputs:
         if s.level == Level.REGISTER:
             continue
-        vec, accesses = _access_vec(s, units), 1
+        vec = _access_vec(s, units)
         if vec == 1 and lane_vec > 1 and lane_uniform(s.index, lane_vec):
             vec = lane_vec   # one address per lane's vector: nvcc loads it once
-        elif vec == 1 and s.vec > 1 and s in op.inputs and _shifted_vectors(s, units):
-            vec, accesses = s.vec, 2   # off the vector grid: two aligned vectors (cstyle/realign.py)
-        per_unit = s.num * max(1, -(-s.width // (P.lanes * vec))) * accesses
+        per_unit = s.num * max(1, -(-s.width // (P.lanes * vec)))
         degree = _bank_conflicts(s, units, P) if s.level == Level.SHARED else \
             _sector_amplification(s, units, P, t.memory)
         waves += per_unit * len(units) * degree
@@ -440,22 +438,6 @@ def _access_vec(s: MemorySlice, units: np.ndarray) -> int:
     if s.vec == 1 or loads(s.index) or affine_coefficient(s.index, "j") != 1:
         return 1
     return s.vec if _aligned_cached(s.index, s.num, s.vec, tuple(_sample_units(units))) else 1
-
-
-def _shifted_vectors(s: MemorySlice, units: np.ndarray) -> bool:
-    """A contiguous load whose vectors all start the same constant distance off the vector grid
-    (sampled): the C renderers load it as two aligned vectors per vector (cstyle/realign.py)."""
-    if loads(s.index) or affine_coefficient(s.index, "j") != 1:
-        return False
-    return _shift_cached(s.index, s.num, s.vec, tuple(_sample_units(units)))
-
-
-@lru_cache(maxsize=65536)
-def _shift_cached(index, num, vec, sample_units) -> bool:
-    u = np.asarray(sample_units, dtype=np.int64)[:, None]
-    i = np.arange(min(num, 8), dtype=np.int64)[None, :]
-    r = np.asarray(evaluate(index, {"u": u, "i": i, "j": 0})) % vec
-    return bool(r.size) and bool(np.all(r == r.flat[0])) and int(r.flat[0]) != 0
 
 
 @lru_cache(maxsize=65536)

@@ -17,7 +17,6 @@ from powerfusion.backends.cstyle.accumulate import accumulator, sumexp_push
 from powerfusion.backends.cstyle.faults import FAULTING, INTEGER_DTYPES, fault_line
 from powerfusion.backends.cstyle.index import render_index
 from powerfusion.backends.cstyle.inlane import in_lane_assignments, in_lane_slice
-from powerfusion.backends.cstyle.realign import realigned
 from powerfusion.backends.cstyle.streaming import SIMD_SUM_MIN, Run, render_run, stream_segments
 from powerfusion.gir.expr import BinOp, Expr, affine_coefficient, loads, substitute, Const, I, J, U, variables
 from powerfusion.gir.ir import (Broadcast, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Reduce, Scope, Sync)
@@ -229,20 +228,14 @@ class KernelRenderer:
         nbytes = vec * np_dtype(self.dtype(glob)).itemsize
         if lay.replicated or vec != lay.vec or nbytes not in self.r.vector_type or vec == 1:
             return None
-        if glob.num != reg.num or glob.width != reg.width:
+        if glob.num != reg.num or glob.width != reg.width or not _aligned(glob.index, vec):
             return None
-        base, shift = glob.index, 0
-        if not _aligned(glob.index, vec):
-            off = realigned(glob.index, vec, self.graph.buffer(glob.buffer).size, _aligned) if glob is src else None
-            if off is None:
-                return None
-            base, shift = off
         L = self.r.lanes
         gdt, rdt = self.dtype(glob), self.dtype(reg)
         vt = self.r.vector_type[nbytes]
         per = glob.width // (L * vec)
         gv, rv = self._valid(glob), self._valid(reg)
-        gaddr = self.expr(substitute(base, {"j": _Raw("j0")}))
+        gaddr = self.expr(substitute(glob.index, {"j": _Raw("j0")}))
         lines = ["#pragma unroll", f"for (int i = 0; i < {glob.num}; ++i)", "#pragma unroll",
                  f"for (int c = 0; c < {per}; ++c) {{",
                  f"  const int j0 = (c * {L} + lane) * {vec}; const int slot0 = i * {glob.width // L} + c * {vec};",
@@ -258,13 +251,10 @@ class KernelRenderer:
         elem = self.expr(substitute(glob.index, {"j": _Raw("(j0 + v)")}))
         if glob is src:
             fill = self._fill(src.fill, gdt, rdt)
-            p = self.ptr(glob.buffer)
-            load = f"*reinterpret_cast<{vt}*>(t) = *reinterpret_cast<const {vt}*>(&{p}[a0]);"
-            if shift:   # off the vector grid: the two aligned vectors around it (realign.py)
-                load += f" *reinterpret_cast<{vt}*>(t + {vec}) = *reinterpret_cast<const {vt}*>(&{p}[a0 + {vec}]);"
-            lines += [f"  if ({ok}) {{ {gt} t[{vec * (2 if shift else 1)}]; {load}",
+            lines += [f"  if ({ok}) {{ {gt} t[{vec}]; *reinterpret_cast<{vt}*>(t) = "
+                      f"*reinterpret_cast<const {vt}*>(&{self.ptr(glob.buffer)}[a0]);",
                       "    #pragma unroll", f"    for (int v = 0; v < {vec}; ++v) "
-                      f"{self.ref(reg, 'slot0 + v')} = {self.r.convert(f't[v + {shift}]' if shift else 't[v]', gdt, rdt)}; }}"]
+                      f"{self.ref(reg, 'slot0 + v')} = {self.r.convert('t[v]', gdt, rdt)}; }}"]
             if both:
                 load = self.r.convert(f"{self.ptr(glob.buffer)}[{elem}]", gdt, rdt)
                 val = f"({gv}) ? {load} : {fill}" if gv else load
