@@ -75,7 +75,7 @@ def test_the_shuffles_search_picks_a_vectorised_plane_copy():
     """The shuffle's plan space built on the CPU (batch 4: 363K elements per output, past the split
     rule's sample): the pick is one kernel whose global moves are contiguous in j with no div/mod
     per element, and the plans ranked behind it are the ones that pay index arithmetic or traffic."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import perfmodel_accuracy as pa
     from powerfusion.frontend import import_model, partition_graph
     from powerfusion.gir.expr import affine_coefficient

@@ -16,7 +16,7 @@ X = I * 128 + J
 
 
 def _shuffle(n):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import perfmodel_accuracy as pa
     return pa.channel_shuffle(116, 28, 28, N=n)
 

@@ -31,7 +31,7 @@ from powerfusion.rewrite.replicate import RULE, replicate_broadcast, replicated_
 from powerfusion.targets.specs import get_target
 from powerfusion.templates.merge import enumerate_plans, lower_subgraph
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "backends"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 
 EPS = 1e-5
 ATOL = 1e-4
