@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from powerfusion import basic as B
 from powerfusion.gir.expr import Expr, I, J, U, const
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, reg_dtype
+from powerfusion.templates.conv_shape import ConvShape, conv_shape
 from powerfusion.templates.maps import load
 
 MAX_TILE_BYTES = 24 * 1024   # per group: leaves room for several resident groups per SM
@@ -39,23 +39,8 @@ class StencilParams:
 
 
 @dataclass(frozen=True)
-class _Geometry:
+class _Geometry(ConvShape):
     """The conv's shapes, and the stencil's tiling of them for one layout and W."""
-    N: int
-    C: int
-    Cout: int
-    IH: int
-    IW: int
-    OH: int
-    OW: int
-    KH: int
-    KW: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    ph: int      # padding before, rows
-    pw: int      # padding before, columns
     W: int
     G: int       # units per group
     L: int       # lanes per unit
@@ -116,15 +101,8 @@ class _Geometry:
 
 
 def _geometry(ctx: Ctx, p: StencilParams) -> _Geometry:
-    op: B.Conv = ctx.node.op
-    x, w = ctx.node.inputs[:2]
-    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
-    ys = ctx.tensors[ctx.node.outputs[0]].shape
-    if len(xs) != 4:
-        raise Infeasible("the stencil tiles 2-D convolutions")
-    return _Geometry(xs[0], xs[1], ws[0], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], op.strides[0], op.strides[1],
-                     op.dilations[0], op.dilations[1], op.pad_begins[0], op.pad_begins[1], ctx.lanes * p.vec, ctx.upg,
-                     ctx.lanes, p.layout == "flat")
+    return _Geometry(**conv_shape(ctx, "stencil").values(), W=ctx.lanes * p.vec, G=ctx.upg, L=ctx.lanes,
+                     flat=p.layout == "flat")
 
 
 def conv_stencil(ctx: Ctx) -> list[Candidate]:

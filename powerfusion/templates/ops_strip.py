@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerfusion import basic as B
 from powerfusion.gir.expr import Expr, I, J, U, variables
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
-from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, prod, reg_dtype
+from powerfusion.templates.common import Candidate, Ctx, Emitter, and_, builds, in_range, prod, reg_dtype
+from powerfusion.templates.conv_shape import ConvShape, conv_shape
 from powerfusion.templates.maps import load
 
 
@@ -35,23 +35,7 @@ class StripParams:
 
 
 @dataclass(frozen=True)
-class _Conv:
-    N: int
-    C: int
-    Cout: int
-    IH: int
-    IW: int
-    OH: int
-    OW: int
-    KH: int
-    KW: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    ph: int
-    pw: int
-
+class _Conv(ConvShape):
     def chunks(self, vec: int) -> range:
         """Chunk offsets q (in vectors, relative to the lane's first input column) whose
         columns some tap of the lane's vec outputs reads."""
@@ -61,14 +45,7 @@ class _Conv:
 
 
 def _conv(ctx: Ctx) -> _Conv:
-    op: B.Conv = ctx.node.op
-    x, w = ctx.node.inputs[:2]
-    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
-    ys = ctx.tensors[ctx.node.outputs[0]].shape
-    if len(xs) != 4:
-        raise Infeasible("the strip tiles 2-D convolutions")
-    return _Conv(xs[0], xs[1], ws[0], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], op.strides[0], op.strides[1],
-                 op.dilations[0], op.dilations[1], op.pad_begins[0], op.pad_begins[1])
+    return _Conv(**conv_shape(ctx, "strip").values())
 
 
 def conv_strip(ctx: Ctx) -> list[Candidate]:

@@ -25,7 +25,7 @@ from tests.unit.templates.test_strip import CASES, case_of, strip_candidates  # 
 def _graphs(target="cuda"):
     out = []
     for cid in CASES:
-        case, _ = case_of(cid)
+        case, _ = case_of(CASES[cid])
         for c in strip_candidates(case, target):
             out.append((f"{cid}:{c.label}", case, c.build()))
     return out

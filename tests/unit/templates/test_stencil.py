@@ -74,17 +74,24 @@ CASES = {   # id: (shape, k, stride, pads, dilation, multiplier, dtype)
 }
 
 
-@pytest.mark.parametrize("cid", list(CASES))
-def test_stencil_matches_numpy(cid):
-    shape, k, stride, pads, dil, mult, dtype = CASES[cid]
+def case_of(spec):
+    """(conv_case, (stride, pads, dilation, dtype)) of a CASES entry (shape, k, stride, pads,
+    dilation, multiplier, dtype); pads None: k // 2 each side."""
+    shape, k, stride, pads, dil, mult, dtype = spec
     pads = pads if pads is not None else ((k // 2, k // 2), (k // 2, k // 2))
-    case = conv_case(shape, k, stride, pads, dil, mult, dtype)
+    return conv_case(shape, k, stride, pads, dil, mult, dtype), (stride, pads, dil, dtype)
+
+
+def assert_candidates_match_numpy(cid, spec, pick):
+    """Every candidate `pick(case)` offers for the case `spec` verifies and, run by the
+    interpreter, matches the float64 numpy depthwise conv within the dtype's tolerance."""
+    case, (stride, pads, dil, dtype) = case_of(spec)
     g, values = case
     names = buffer_names(list(g.graph.tensors))
     node = g.graph.nodes[-1]
     want = numpy_depthwise(values["x"], values["w"], values["bias"], stride, pads, dil)
-    cands = stencil_candidates(case)
-    assert cands, f"no stencil candidate for {cid}"
+    cands = pick(case)
+    assert cands, f"no candidate for {cid}"
     rtol, atol = TOL[dtype]
     for c in cands:
         gir = c.build()
@@ -92,6 +99,11 @@ def test_stencil_matches_numpy(cid):
         got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
         np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
                                    err_msg=c.label)
+
+
+@pytest.mark.parametrize("cid", list(CASES))
+def test_stencil_matches_numpy(cid):
+    assert_candidates_match_numpy(cid, CASES[cid], stencil_candidates)
 
 
 def test_stencil_stages_each_row_once_per_group():

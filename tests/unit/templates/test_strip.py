@@ -8,11 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Level, Move
-from powerfusion.gir.verifier import verify
 from powerfusion.templates import buffer_names, candidates
-from tests.unit.templates.test_stencil import TOL, conv_case, numpy_depthwise
+from tests.unit.templates.test_stencil import assert_candidates_match_numpy, case_of, conv_case
 
 CASES = {   # id: (shape, k, stride, pads, dilation, multiplier, dtype); rows of 33..127 columns
     "3x3-56": ((2, 3, 6, 56), 3, (1, 1), None, (1, 1), 1, "float32"),
@@ -33,28 +31,9 @@ def strip_candidates(case, target="cuda"):
             if c.name == "conv.depthwise.strip"]
 
 
-def case_of(cid):
-    shape, k, stride, pads, dil, mult, dtype = CASES[cid]
-    pads = pads if pads is not None else ((k // 2, k // 2), (k // 2, k // 2))
-    return conv_case(shape, k, stride, pads, dil, mult, dtype), (stride, pads, dil, dtype)
-
-
 @pytest.mark.parametrize("cid", list(CASES))
 def test_strip_matches_numpy(cid):
-    case, (stride, pads, dil, dtype) = case_of(cid)
-    g, values = case
-    names = buffer_names(list(g.graph.tensors))
-    node = g.graph.nodes[-1]
-    want = numpy_depthwise(values["x"], values["w"], values["bias"], stride, pads, dil)
-    cands = strip_candidates(case)
-    assert cands, f"no strip candidate for {cid}"
-    rtol, atol = TOL[dtype]
-    for c in cands:
-        gir = c.build()
-        verify(gir)
-        got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
-        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
-                                   err_msg=c.label)
+    assert_candidates_match_numpy(cid, CASES[cid], strip_candidates)
 
 
 def _global_loads(gir):
@@ -66,7 +45,7 @@ def test_strip_loads_each_window_row_as_vector_chunks():
     """Expected form of a 3x3 conv over 56-wide rows, vec 4: per window row three 4-wide chunks
     (the lane's own and one each side) -- 9 vector loads of x per lane and 4 outputs, where cols
     loads the 36 window elements one by one -- and the window built by register moves only."""
-    case, _ = case_of("3x3-56")
+    case, _ = case_of(CASES["3x3-56"])
     strip = next(c for c in strip_candidates(case) if c.params.vec == 4).build()
     loads = _global_loads(strip)
     assert len(loads) == 9 and all(op.inputs[0].vec == 4 and op.inputs[0].count == 128 for op in loads)
