@@ -177,6 +177,24 @@ static void pf_tap_ranges(const pf_conv_shape *s, long long *los, long long *his
   }
 }
 
+/* the phase-plane geometry of a convolution (PF_DEFINE_CONV's comment says what the planes are):
+   the padded rows hp and columns wp its windows cover, each of the sh * sw phase planes `pitch`
+   wide and `phase` elements long, and in off[tap] each tap's offset from an output's position */
+typedef struct { long long hp, wp, pitch, phase; } pf_phases;
+static pf_phases pf_phase_geometry(const pf_conv_shape *s, long long *off) {
+  pf_phases p;
+  p.hp = (s->oh - 1) * s->sh + (s->kh - 1) * s->dh + 1;
+  p.wp = (s->ow - 1) * s->sw + (s->kw - 1) * s->dw + 1;
+  p.pitch = (p.wp + s->sw - 1) / s->sw;
+  p.phase = (p.hp + s->sh - 1) / s->sh * p.pitch;
+  for (long long ki = 0; ki < s->kh; ++ki)
+    for (long long kj = 0; kj < s->kw; ++kj) {
+      long long r = ki * s->dh, c = kj * s->dw;
+      off[ki * s->kw + kj] = ((r % s->sh) * s->sw + c % s->sw) * p.phase + (r / s->sh) * p.pitch + c / s->sw;
+    }
+  return p;
+}
+
 #define PF_DEFINE_CONV(NAME, T, GEMM, ACT)                                                          \
 /* direct over phase planes, for convolutions whose im2col GEMM would be thin (driver.py: one input \
    channel a group -- depthwise, depth multipliers, a one-channel input -- or at most                \
@@ -263,17 +281,12 @@ static void NAME##_plane(const pf_conv_shape *s, const T *restrict x, const T *r
                          const T *restrict bias, T *restrict y, T *scratch, const pf_act *act) {    \
   enum { V = 64 / sizeof(T) };                                                                      \
   long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw, cg = s->c / s->g, mg = s->m / s->g;       \
-  long long hp = (s->oh - 1) * sh + (s->kh - 1) * s->dh + 1, wp = (s->ow - 1) * sw + (s->kw - 1) * s->dw + 1; \
-  long long rows = (hp + sh - 1) / sh, pitch = (wp + sw - 1) / sw, phase = rows * pitch;            \
+  long long off[taps];                                                                                \
+  pf_phases pg = pf_phase_geometry(s, off);                                                           \
+  long long hp = pg.hp, wp = pg.wp, pitch = pg.pitch, phase = pg.phase;                               \
   long long runs = (s->oh * pitch + V - 1) / V * V;                                                 \
   long long planes = (sh * sw * phase + V - 1) / V * V;   /* whole vectors: the results align */    \
   long long per = planes + 2 * runs + V;   /* phase planes, the over-read, the results, alignment */ \
-  long long off[taps];                                                                              \
-  for (long long ki = 0; ki < s->kh; ++ki)                                                          \
-    for (long long kj = 0; kj < s->kw; ++kj) {                                                      \
-      long long r = ki * s->dh, c = kj * s->dw;                                                     \
-      off[ki * s->kw + kj] = ((r % sh) * sw + c % sw) * phase + (r / sh) * pitch + c / sw;          \
-    }                                                                                               \
   int big = s->n * s->m * s->oh * s->ow * taps * cg >= PF_PARALLEL_ELEMENTS;                        \
   _Pragma("omp parallel num_threads(s->nbuf) if(big)")                                              \
   {                                                                                                 \
@@ -434,16 +447,11 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wp, const T *bias,
                  const pf_act *act) {                                                                 \
   enum { V = 64 / sizeof(T), W = PF_IG_NR * (64 / sizeof(T)) };                                       \
   long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw;                                             \
-  long long hp = (s->oh - 1) * sh + (s->kh - 1) * s->dh + 1, wdp = (s->ow - 1) * sw + (s->kw - 1) * s->dw + 1; \
-  long long rows = (hp + sh - 1) / sh, pitch = (wdp + sw - 1) / sw, phase = rows * pitch;             \
+  long long off[taps];                                                                                \
+  pf_phases pg = pf_phase_geometry(s, off);                                                           \
+  long long hp = pg.hp, wdp = pg.wp, pitch = pg.pitch, phase = pg.phase;                              \
   long long cs = (sh * sw * phase + V - 1) / V * V, npos = s->oh * pitch;                             \
   long long strips = (npos + W - 1) / W, panels = (s->m + PF_IG_MR - 1) / PF_IG_MR;                   \
-  long long off[taps];                                                                                \
-  for (long long ki = 0; ki < s->kh; ++ki)                                                            \
-    for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
-      long long r = ki * s->dh, c = kj * s->dw;                                                       \
-      off[ki * s->kw + kj] = ((r % sh) * sw + c % sw) * phase + (r / sh) * pitch + c / sw;            \
-    }                                                                                                 \
   T *xb = (T *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);                                          \
   int big = 2.0 * s->m * s->c * taps * npos >= PF_SPLIT_FLOPS;                                        \
   memset(xb + s->c * cs, 0, (strips * W + V) * sizeof(T));   /* read only by dropped positions */     \
@@ -522,16 +530,11 @@ static void NAME(const pf_conv_shape *s, const T *x, const T *wp, const T *bias,
                  const pf_act *act) {                                                                 \
   enum { V = 64 / sizeof(T), NCV = PF_IGC_NC * (64 / sizeof(T)) };                                    \
   long long sh = s->sh, sw = s->sw, taps = s->kh * s->kw, plane = s->oh * s->ow;                      \
-  long long hp = (s->oh - 1) * sh + (s->kh - 1) * s->dh + 1, wdp = (s->ow - 1) * sw + (s->kw - 1) * s->dw + 1; \
-  long long rows = (hp + sh - 1) / sh, pitch = (wdp + sw - 1) / sw, phase = rows * pitch;             \
+  long long off[taps];                                                                                \
+  pf_phases pg = pf_phase_geometry(s, off);                                                           \
+  long long hp = pg.hp, wdp = pg.wp, pitch = pg.pitch, phase = pg.phase;                              \
   long long cs = sh * sw * phase, groups = (plane + PF_IGC_R - 1) / PF_IGC_R;                         \
   long long panels = (s->m + NCV - 1) / NCV;                                                          \
-  long long off[taps];                                                                                \
-  for (long long ki = 0; ki < s->kh; ++ki)                                                            \
-    for (long long kj = 0; kj < s->kw; ++kj) {                                                        \
-      long long r = ki * s->dh, c = kj * s->dw;                                                       \
-      off[ki * s->kw + kj] = ((r % sh) * sw + c % sw) * phase + (r / sh) * pitch + c / sw;            \
-    }                                                                                                 \
   T *xb = scratch;                                                                                    \
   int big = 2.0 * s->m * s->c * taps * plane >= PF_SPLIT_FLOPS;                                       \
   for (long long img = 0; img < s->n; ++img) {                                                        \
