@@ -157,6 +157,8 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
                 read_through_reshapes(graph)
     from powerfusion.frontend.empty_reductions import fold_empty_reductions
     fold_empty_reductions(graph)   # a reduction over nothing is its identity, on every target
+    from powerfusion.frontend.window_stack import fold_window_stacks
+    fold_window_stacks(graph)      # stacked shifted slices (unfold, involution) are one Window
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":
         _refuse_cpu_only(graph)

@@ -1,0 +1,185 @@
+"""Stacked window taps become one Window: a basic-graph rewrite run before the partition.
+
+Involution (RedNet), unfold-style convolutions and hand-written local attention take the K x K
+windows of a feature map as K*K shifted slices of its zero-padded copy, each given a new axis and
+concatenated along it (`torch.stack(taps, dim=2)`, what `nn.functional.unfold` computes):
+
+    Pad(x) -> Slice(kh, kw) -> Unsqueeze(a) -> Concat(axis a)      (K*K times)
+
+Imported as written, that is K*K slices materialised and a K*K-way concat: the generated kernel
+copies every tap separately (49 for a 7x7 window) and the stack is written out before the
+multiply that consumes it. The same tensor is one basic `Window` (what pooling and depthwise
+convolution use) followed by a free transpose and reshape: the partition then fuses the window
+reads into their consumer, and no tap is materialised.
+
+A stack qualifies when every Concat input is a Reshape that inserts a size-1 axis at the concat
+axis over a chain of Slices of one source (optionally through a constant-mode Pad of the spatial
+axes), the slices cut only the spatial axes (2 ...) with one step per axis and one extent, and the
+taps' start offsets are the row-major enumeration of a grid `start = base + k * dilation`. Anything
+else is left as it is.
+"""
+from __future__ import annotations
+
+import itertools
+
+from powerfusion.basic import BasicGraph, BasicNode, Concat, Pad, Reshape, Slice, Transpose, Window
+
+
+def fold_window_stacks(graph: BasicGraph) -> int:
+    """Rewrite `graph` in place; returns how many stacks became Windows."""
+    count = 0
+    for name in [n.name for n in graph.nodes if isinstance(n.op, Concat)]:
+        node = next((n for n in graph.nodes if n.name == name), None)
+        if node is None:
+            continue
+        match = _stack(graph, node)
+        if match is None:
+            continue
+        src, win, perm = match
+        _replace(graph, node, src, win, perm)
+        count += 1
+    if count:
+        _drop_dead(graph)
+    return count
+
+
+def _taps(graph: BasicGraph, producer, name: str):
+    """(source, starts, steps, shape) of a chain of Slices ending at `name`; None if not a chain
+    of forward slices."""
+    node = producer.get(name)
+    if node is None or not isinstance(node.op, Slice):
+        return None
+    starts, steps = [0] * len(node.op.starts), [1] * len(node.op.starts)
+    while node is not None and isinstance(node.op, Slice):
+        op = node.op
+        if any(s <= 0 for s in op.steps):
+            return None
+        # outer (already composed) offsets are relative to this slice's output
+        starts = [b + s * o for b, s, o in zip(op.starts, op.steps, starts)]
+        steps = [s * o for s, o in zip(op.steps, steps)]
+        src = node.inputs[0]
+        node = producer.get(src)
+    return src, tuple(starts), tuple(steps), tuple(graph.tensors[name].shape)
+
+
+def _stack(graph: BasicGraph, cat: BasicNode):
+    """(source, Window, perm) for a Concat of window taps, or None."""
+    producer, t = graph.producer(), graph.tensors
+    axis = cat.op.axis
+    taps = []
+    for name in cat.inputs:
+        r = producer.get(name)
+        if r is None or not isinstance(r.op, Reshape):
+            return None
+        inner = t[r.inputs[0]].shape
+        if tuple(t[name].shape) != tuple(inner[:axis]) + (1,) + tuple(inner[axis:]):
+            return None
+        tap = _taps(graph, producer, r.inputs[0])
+        if tap is None:
+            return None
+        taps.append(tap)
+    sources = {tp[0] for tp in taps}
+    if len(sources) != 1 or len({tp[2] for tp in taps}) != 1 or len({tp[3] for tp in taps}) != 1:
+        return None
+    src, steps, oshape = taps[0][0], taps[0][2], taps[0][3]
+    sshape = t[src].shape
+    rank = len(sshape)
+    if rank < 3 or axis > rank or any(tp[1][d] != 0 for tp in taps for d in (0, 1)) \
+            or tuple(oshape[:2]) != tuple(sshape[:2]) or any(steps[d] != 1 for d in (0, 1)):
+        return None
+    spatial = range(2, rank)
+    grid = _grid([tp[1] for tp in taps], spatial)
+    if grid is None:
+        return None
+    base, kernel, dil = grid
+    pad_b, pad_e, value, x = [0] * rank, [0] * rank, 0.0, src
+    pad = producer.get(src)
+    if pad is not None and isinstance(pad.op, Pad) and pad.op.mode == "constant" \
+            and all(pad.op.begins[d] == 0 and pad.op.ends[d] == 0 for d in (0, 1)) \
+            and all(b >= 0 for b in pad.op.begins) and all(e >= 0 for e in pad.op.ends):
+        pad_b, pad_e, value, x = list(pad.op.begins), list(pad.op.ends), float(pad.op.value), pad.inputs[0]
+    xshape = t[x].shape
+    begins, ends = [], []
+    for i, d in enumerate(spatial):
+        b = pad_b[d] - base[i]
+        reach = (oshape[d] - 1) * steps[d] + (kernel[i] - 1) * dil[i] + 1
+        e = reach - xshape[d] - b          # the end padding that gives exactly oshape[d] windows
+        if b < 0 or e < 0 or base[i] + reach > sshape[d]:
+            return None
+        begins.append(b)
+        ends.append(e)
+    win = Window(tuple(kernel), tuple(steps[2:]), tuple(dil), tuple(begins), tuple(ends), value)
+    ns = rank - 2
+    plain = list(range(rank))                     # N, C, O... of the window's output
+    kaxes = list(range(rank, rank + ns))          # its K... axes
+    perm = tuple(plain[:axis] + kaxes + plain[axis:])
+    return x, win, perm
+
+
+def _grid(starts, spatial):
+    """(base, kernel, dilation) per spatial axis where `starts` enumerate base + k * dilation in
+    row-major order of k; None otherwise."""
+    base, kernel, dil = [], [], []
+    for d in spatial:
+        values = sorted({s[d] for s in starts})
+        step = values[1] - values[0] if len(values) > 1 else 1
+        if any(b - a != step for a, b in zip(values, values[1:])):
+            return None
+        base.append(values[0])
+        kernel.append(len(values))
+        dil.append(step)
+    want = [tuple(b + k * dl for b, k, dl in zip(base, ks, dil))
+            for ks in itertools.product(*(range(k) for k in kernel))]
+    if [tuple(s[d] for d in spatial) for s in starts] != want:
+        return None
+    return base, kernel, dil
+
+
+def _replace(graph: BasicGraph, cat: BasicNode, x: str, win: Window, perm) -> None:
+    t = graph.tensors
+    xi, out = t[x], t[cat.outputs[0]]
+    ns = len(win.kernel)
+    oshape = tuple(out.shape)
+    wshape = tuple(xi.shape[:2]) + tuple(oshape[d] for d in range(len(oshape)) if d != cat.op.axis)[2:] \
+        + tuple(win.kernel)
+    tshape = tuple(wshape[p] for p in perm)
+    wname, tname = _fresh(graph, cat.outputs[0] + "_window"), _fresh(graph, cat.outputs[0] + "_taps")
+    t[wname] = type(xi)(wname, wshape, xi.dtype)
+    t[tname] = type(xi)(tname, tshape, xi.dtype)
+    nodes = [BasicNode(_fresh_node(graph, cat.name + "_window"), win, (x,), (wname,), cat.origin),
+             BasicNode(_fresh_node(graph, cat.name + "_taps"), Transpose(tuple(perm)), (wname,), (tname,), cat.origin),
+             BasicNode(cat.name, Reshape(oshape), (tname,), cat.outputs, cat.origin)]
+    assert len(wshape) == 2 + 2 * ns
+    i = graph.nodes.index(cat)
+    graph.nodes[i:i + 1] = nodes
+
+
+def _fresh(graph: BasicGraph, hint: str) -> str:
+    name, k = hint, 0
+    while name in graph.tensors:
+        k += 1
+        name = f"{hint}_{k}"
+    return name
+
+
+def _fresh_node(graph: BasicGraph, hint: str) -> str:
+    taken = {n.name for n in graph.nodes}
+    name, k = hint, 0
+    while name in taken:
+        k += 1
+        name = f"{hint}_{k}"
+    return name
+
+
+def _drop_dead(graph: BasicGraph) -> None:
+    """Remove nodes whose outputs nothing reads (the taps' slices and reshapes, an unused Pad)."""
+    keep = {o.name for o in graph.outputs}
+    while True:
+        used = keep | {i for n in graph.nodes for i in n.inputs}
+        dead = [n for n in graph.nodes if not any(o in used for o in n.outputs)]
+        if not dead:
+            return
+        graph.nodes = [n for n in graph.nodes if all(n is not d for d in dead)]
+        for d in dead:
+            for o in d.outputs:
+                graph.tensors.pop(o, None)
