@@ -323,8 +323,11 @@ def bn_relu_add(suite, n, c, hw, dtype="float32"):
                      3 * _nbytes((n, c, hw, hw), dtype))
 
 
-def involution(suite, n, c, hw, groups, k=3, dtype="float32"):
-    """RedNet's involution core: out[n,c,h,w] = sum_k kern[n, g(c), k, h, w] * xpad[n, c, h+kh, w+kw]."""
+def involution(suite, n, c, hw, groups, k=3, dtype="float32", form="sum"):
+    """RedNet's involution core: out[n,c,h,w] = sum_k kern[n, g(c), k, h, w] * xpad[n, c, h+kh, w+kw].
+    form "sum": each tap a Slice times a Slice of the kernel, added up (a hand-written form);
+    "stack": the taps stacked on a new axis, multiplied and summed over it -- what RedNet's
+    torch code (models/rednet.py: torch.stack of the unfold taps) exports."""
     import torch
     import torch.nn.functional as F
     g = G(dtype)
@@ -333,7 +336,18 @@ def involution(suite, n, c, hw, groups, k=3, dtype="float32"):
     p = k // 2
     xp = g.op("Pad", [x, g.const(np.array([0, 0, p, p, 0, 0, p, p], np.int64))])
     acc = None
-    for idx in range(k * k):
+    if form == "stack":
+        taps = []
+        for idx in range(k * k):
+            kh, kw = divmod(idx, k)
+            win = g.op("Slice", [xp, g.const(np.array([kh, kw], np.int64)),
+                                 g.const(np.array([kh + hw, kw + hw], np.int64)), g.const(np.array([2, 3], np.int64))])
+            taps.append(g.op("Unsqueeze", [win, g.const(np.array([2], np.int64))]))
+        stack = g.op("Reshape", [g.op("Concat", taps, axis=2),
+                                 g.const(np.array([n, groups, c // groups, k * k, hw * hw], np.int64))])
+        weight = g.op("Reshape", [kern, g.const(np.array([n, groups, 1, k * k, hw * hw], np.int64))])
+        acc = g.op("ReduceSum", [g.op("Mul", [weight, stack]), g.const(np.array([3], np.int64))], keepdims=0)
+    for idx in range(k * k if form == "sum" else 0):
         kh, kw = divmod(idx, k)
         win = g.op("Slice", [xp, g.const(np.array([kh, kw], np.int64)), g.const(np.array([kh + hw, kw + hw], np.int64)),
                              g.const(np.array([2, 3], np.int64))])
@@ -347,7 +361,8 @@ def involution(suite, n, c, hw, groups, k=3, dtype="float32"):
     def fn(x, kern):
         u = F.unfold(x, k, padding=p).view(n, groups, c // groups, k * k, hw, hw)
         return (kern.view(n, groups, 1, k * k, hw, hw) * u).sum(3).view(n, c, hw, hw)
-    return BenchCase(suite, f"involution_{n}x{c}x{hw}x{hw}_g{groups}", dtype, g.model("involution"),
+    tag = "" if form == "sum" else f"_{form}"
+    return BenchCase(suite, f"involution{tag}_{n}x{c}x{hw}x{hw}_g{groups}", dtype, g.model("involution"),
                      {"x": ((n, c, hw, hw), "normal"), "kern": ((n, groups, k * k, hw, hw), "normal")}, fn,
                      2 * _nbytes((n, c, hw, hw), dtype) + _nbytes((n, groups, k * k, hw, hw), dtype))
 
@@ -391,6 +406,7 @@ def subgraph_cases():
         dwconv_bn_silu(s + "/efficientnet", 32, 144, 56), se_scale(s + "/efficientnet", 32, 144, 56),
         bn_relu_add(s + "/sardrn", 16, 64, 128),
         involution(s + "/rednet", 16, 64, 56, 4),
+        involution(s + "/rednet", 16, 64, 56, 4, form="stack"),
     ]
 
 

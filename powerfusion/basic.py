@@ -121,6 +121,19 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
+class Involution:
+    """RedNet's involution (Li et al. 2021): a K x K kernel per output position and channel group.
+    Inputs (X [N, C, H, W], Wt [N, G, KH*KW, OH, OW]); out[n, c, oh, ow] =
+    sum_k padded(X)[n, c, oh*sh + kh*dh - ph, ow*sw + kw*dw - pw] * Wt[n, c // (C // G), k, oh, ow],
+    k = kh*KW + kw, positions outside X reading 0 (frontend/window_stack.py makes it)."""
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pad_begins: tuple[int, int]
+    pad_ends: tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class MatMul:
     """numpy.matmul(A', B') with A' = swapaxes(A, -1, -2) if trans_a, likewise B; batch dims broadcast.
     bias: a third input, a vector over the result's last axis, added before the one rounding to
@@ -263,7 +276,7 @@ class OnnxFallback:
 
 
 OpArgs = Union[Elementwise, Broadcast, Reduce, Transpose, Reshape, Concat, Slice, Pad, Gather,
-               GatherElements, Window, MatMul, Conv, TypedMatMul, Attention, OnnxFallback]
+               GatherElements, Window, Involution, MatMul, Conv, TypedMatMul, Attention, OnnxFallback]
 MOVE_OPS = (Transpose, Reshape, Concat, Slice, Pad, Gather, GatherElements, Window)
 LIBRARY_OPS = (MatMul, Conv, TypedMatMul, Attention, OnnxFallback)
 
@@ -274,7 +287,7 @@ def kind_of(op: OpArgs) -> str:
         return "elementwise"
     if isinstance(op, Broadcast):
         return "broadcast"
-    if isinstance(op, Reduce):
+    if isinstance(op, (Reduce, Involution)):   # a weighted sum over each window
         return "reduce"
     if isinstance(op, MOVE_OPS):
         return "move"

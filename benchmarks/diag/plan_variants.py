@@ -32,7 +32,7 @@ def _short(label: str) -> str:
 def prepare(keys: list[str], out: str, limit: int = 40) -> None:
     import gir_cases
     from precompile import case_key
-    from powerfusion.frontend import import_model, partition_graph
+    from powerfusion.pipeline.driver import front
     from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
     from powerfusion.pipeline.search import feasibility
     from powerfusion.targets.specs import get_target
@@ -42,8 +42,9 @@ def prepare(keys: list[str], out: str, limit: int = 40) -> None:
     for case in gir_cases.norm_cases() + gir_cases.subgraph_cases():
         if case_key(case) not in keys:
             continue
-        graph = import_model(case.model)
-        sub = max(partition_graph(graph, "cuda").subgraphs, key=lambda s: len(s.nodes))
+        part = front(case.model, "cuda")     # the session's import: its basic-graph folds included
+        graph = part.graph
+        sub = max(part.subgraphs, key=lambda s: len(s.nodes))
         ctx = lowering_context(sub, graph, t)
         for plan in enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
             try:

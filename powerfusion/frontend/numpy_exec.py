@@ -138,6 +138,19 @@ def run_conv(op: B.Conv, args, dtype):
     return y.astype(dtype)
 
 
+def run_involution(op: B.Involution, args, dtype):
+    """float32 (float64 for float64 data) products summed over each window (B.Involution)."""
+    x, w = _wide(args[0]), _wide(args[1])
+    n, c = x.shape[:2]
+    g = w.shape[1]
+    win = B.Window(op.kernel, op.strides, op.dilations, op.pad_begins, op.pad_ends, 0.0)
+    cols = window_view(x, win)                                   # [N, C, OH, OW, KH, KW]
+    oh, ow = cols.shape[2:4]
+    cols = cols.reshape(n, g, c // g, oh, ow, -1)
+    y = np.einsum("ngcopk,ngkop->ngcop", cols, w, optimize=True)
+    return y.reshape(n, c, oh, ow).astype(dtype)
+
+
 def bad_index(indices: np.ndarray, n: int) -> int | None:
     """An index outside [-n, n), or None when every one is inside."""
     idx = np.asarray(indices)
@@ -185,6 +198,7 @@ EXECUTORS = {
     B.Window: lambda op, a, dt: window_view(a[0], op),
     B.MatMul: run_matmul,
     B.Conv: run_conv,
+    B.Involution: run_involution,
     B.TypedMatMul: lambda op, a, dt: run_typed_matmul(op, a, dt),
     B.Attention: lambda op, a, dt: run_attention(op, a, dt),
     B.OnnxFallback: lambda op, a, dt: run_onnx_fallback(op, a, dt),

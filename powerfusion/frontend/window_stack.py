@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import itertools
 
-from powerfusion.basic import BasicGraph, BasicNode, Concat, Pad, Reshape, Slice, Transpose, Window
+from powerfusion.basic import (BasicGraph, BasicNode, Broadcast, Concat, Elementwise, Involution, Pad, Reduce,
+                              Reshape, Slice, Transpose, Window)
 
 
 def fold_window_stacks(graph: BasicGraph) -> int:
@@ -78,13 +79,30 @@ def _stack(graph: BasicGraph, cat: BasicNode):
         if tap is None:
             return None
         taps.append(tap)
-    sources = {tp[0] for tp in taps}
-    if len(sources) != 1 or len({tp[2] for tp in taps}) != 1 or len({tp[3] for tp in taps}) != 1:
+    found = _window(graph, producer, taps)
+    if found is None:
+        return None
+    x, win = found
+    rank = len(t[taps[0][0]].shape)
+    if axis > rank:
+        return None
+    ns = rank - 2
+    plain = list(range(rank))                     # N, C, O... of the window's output
+    kaxes = list(range(rank, rank + ns))          # its K... axes
+    perm = tuple(plain[:axis] + kaxes + plain[axis:])
+    return x, win, perm
+
+
+def _window(graph: BasicGraph, producer, taps):
+    """(x, Window) whose taps, in row-major order, are `taps` ((source, starts, steps, shape) of
+    each), or None."""
+    t = graph.tensors
+    if len({tp[0] for tp in taps}) != 1 or len({tp[2] for tp in taps}) != 1 or len({tp[3] for tp in taps}) != 1:
         return None
     src, steps, oshape = taps[0][0], taps[0][2], taps[0][3]
     sshape = t[src].shape
     rank = len(sshape)
-    if rank < 3 or axis > rank or any(tp[1][d] != 0 for tp in taps for d in (0, 1)) \
+    if rank < 3 or any(tp[1][d] != 0 for tp in taps for d in (0, 1)) \
             or tuple(oshape[:2]) != tuple(sshape[:2]) or any(steps[d] != 1 for d in (0, 1)):
         return None
     spatial = range(2, rank)
@@ -108,12 +126,7 @@ def _stack(graph: BasicGraph, cat: BasicNode):
             return None
         begins.append(b)
         ends.append(e)
-    win = Window(tuple(kernel), tuple(steps[2:]), tuple(dil), tuple(begins), tuple(ends), value)
-    ns = rank - 2
-    plain = list(range(rank))                     # N, C, O... of the window's output
-    kaxes = list(range(rank, rank + ns))          # its K... axes
-    perm = tuple(plain[:axis] + kaxes + plain[axis:])
-    return x, win, perm
+    return x, Window(tuple(kernel), tuple(steps[2:]), tuple(dil), tuple(begins), tuple(ends), value)
 
 
 def _grid(starts, spatial):
@@ -183,3 +196,187 @@ def _drop_dead(graph: BasicGraph) -> None:
         for d in dead:
             for o in d.outputs:
                 graph.tensors.pop(o, None)
+
+
+# ---- involution ------------------------------------------------------------------------------
+
+def fold_involutions(graph: BasicGraph) -> int:
+    """ReduceSum over the taps of (window stack x per-position kernel) becomes one Involution
+    (GPU targets: its template stages each group's input rows once in shared memory, where the
+    folded Window form gathers every tap from global memory). Returns how many were folded.
+
+    The form RedNet's code exports, after `fold_window_stacks`: Window(x) -> Transpose (taps after
+    the channels) -> Reshape [N, G, C/G, K*K, *positions] times Broadcast(kernel [N, G, 1, K*K,
+    *positions]), summed over the taps axis. Shapes are checked exactly; anything else stays."""
+    count = 0
+    # last first: the whole sum of a tap-by-tap form before any partial sum inside it
+    for name in [n.name for n in graph.nodes if isinstance(n.op, (Reduce, Elementwise))][::-1]:
+        node = next((n for n in graph.nodes if n.name == name), None)
+        if node is None:
+            continue
+        match = _involution(graph, node) if isinstance(node.op, Reduce) else _summed_taps(graph, node)
+        if match is None:
+            continue
+        x, kern, op = match
+        _replace_involution(graph, node, x, kern, op)
+        _drop_dead(graph)
+        count += 1
+    return count
+
+
+def _through_reshapes(producer, name: str) -> str:
+    node = producer.get(name)
+    while node is not None and isinstance(node.op, Reshape):
+        name = node.inputs[0]
+        node = producer.get(name)
+    return name
+
+
+def _involution(graph: BasicGraph, red: BasicNode):
+    """(x, kernel tensor, Involution) where `red` sums window taps times a per-position kernel."""
+    t, producer, consumers = graph.tensors, graph.producer(), graph.consumers()
+    op = red.op
+    if op.fn != "sum" or len(op.axes) != 1 or op.axes[0] != 3 or op.keepdims:
+        return None
+    mul = producer.get(red.inputs[0])
+    if mul is None or not isinstance(mul.op, Elementwise) or mul.op.fn != "mul" or len(mul.inputs) != 2 \
+            or len(consumers.get(mul.outputs[0], [])) != 1 or mul.outputs[0] in {o.name for o in graph.outputs}:
+        return None
+    shape = tuple(t[mul.outputs[0]].shape)
+    if len(shape) < 5:
+        return None
+    for a, b in (mul.inputs, mul.inputs[::-1]):
+        win = _window_taps(graph, producer, a, shape)
+        kern = _per_position(graph, producer, b, shape)
+        if win is not None and kern is not None:
+            x, w = win
+            op = Involution(w.kernel, w.strides, w.dilations, w.pad_begins, w.pad_ends)
+            return x, kern, op
+    return None
+
+
+def _window_taps(graph, producer, name: str, shape):
+    """(x, Window) where `name` is Reshape*(Transpose(Window(x))) with the taps right after the
+    channels, read as [N, G, C/G, K*K, *positions] = `shape`."""
+    t = graph.tensors
+    tr = producer.get(_through_reshapes(producer, name))
+    if tr is None or not isinstance(tr.op, Transpose) or tr.op.perm != (0, 1, 4, 5, 2, 3):
+        return None
+    wn = producer.get(tr.inputs[0])
+    if wn is None or not isinstance(wn.op, Window) or wn.op.channels_last or wn.op.pad_value != 0.0:
+        return None
+    n, c, oh, ow, kh, kw = t[wn.outputs[0]].shape
+    if shape[0] != n or shape[1] * shape[2] != c or shape[3] != kh * kw or _prod(shape[4:]) != oh * ow:
+        return None
+    if len(t[wn.inputs[0]].shape) != 4:
+        return None
+    return wn.inputs[0], wn.op
+
+
+def _per_position(graph, producer, name: str, shape):
+    """The tensor holding [N, G, K*K, *positions] in row-major order where `name` is it broadcast
+    over the channels of a group (shape [N, G, 1, K*K, *positions] -> `shape`), or it as is when a
+    group has one channel."""
+    t = graph.tensors
+    node = producer.get(name)
+    if node is not None and isinstance(node.op, Broadcast):
+        src = node.inputs[0]
+        s = tuple(t[src].shape)
+        if len(s) != len(shape) or s[2] != 1 or s[:2] != shape[:2] or s[3:] != shape[3:]:
+            return None
+        return src
+    if shape[2] == 1 and tuple(t[name].shape) == shape:
+        return name
+    return None
+
+
+def _prod(xs) -> int:
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
+
+
+def _replace_involution(graph: BasicGraph, red: BasicNode, x: str, kern: str, op: Involution) -> None:
+    t = graph.tensors
+    xi = t[x]
+    n, c, h, w = xi.shape
+    out = t[red.outputs[0]]
+    oh = (h + op.pad_begins[0] + op.pad_ends[0] - (op.kernel[0] - 1) * op.dilations[0] - 1) // op.strides[0] + 1
+    ow = (w + op.pad_begins[1] + op.pad_ends[1] - (op.kernel[1] - 1) * op.dilations[1] - 1) // op.strides[1] + 1
+    groups = t[kern].shape[1]
+    kshape = (n, groups, op.kernel[0] * op.kernel[1], oh, ow)
+    kname, yname = _fresh(graph, kern + "_kernels"), _fresh(graph, red.outputs[0] + "_involution")
+    t[kname] = type(xi)(kname, kshape, t[kern].dtype)
+    t[yname] = type(xi)(yname, (n, c, oh, ow), out.dtype)
+    nodes = [BasicNode(_fresh_node(graph, red.name + "_kernels"), Reshape(kshape), (kern,), (kname,), red.origin),
+             BasicNode(_fresh_node(graph, red.name + "_involution"), op, (x, kname), (yname,), red.origin),
+             BasicNode(red.name, Reshape(tuple(out.shape)), (yname,), red.outputs, red.origin)]
+    i = graph.nodes.index(red)
+    graph.nodes[i:i + 1] = nodes
+
+
+def _summed_taps(graph: BasicGraph, top: BasicNode):
+    """(x, kernel tensor, Involution) where `top` is the last Add of a sum over the taps of a
+    window, each tap (a Slice chain of x or of its zero Pad, viewed as [N, G, C/G, *positions])
+    times its slice k:k+1 of a kernel tensor [N, G, K*K, *positions] broadcast over the group's
+    channels -- involution written tap by tap."""
+    t, producer, consumers = graph.tensors, graph.producer(), graph.consumers()
+    if top.op.fn != "add" or len(top.inputs) != 2:
+        return None
+    outputs = {o.name for o in graph.outputs}
+    terms, stack = [], [top]
+    while stack:               # the add tree's leaves: each inner sum read by its parent only
+        node = stack.pop()
+        for name in node.inputs:
+            p = producer.get(name)
+            if p is None or name in outputs or len(consumers.get(name, [])) != 1:
+                return None
+            if isinstance(p.op, Elementwise) and p.op.fn == "add" and len(p.inputs) == 2:
+                stack.append(p)
+            elif isinstance(p.op, Elementwise) and p.op.fn == "mul" and len(p.inputs) == 2:
+                terms.append(p)
+            else:
+                return None
+    shape = tuple(t[top.outputs[0]].shape)
+    if len(shape) < 4 or len(terms) < 2:
+        return None
+    taps, kern = {}, None
+    for m in terms:
+        pair = _tap_times_kernel(graph, producer, m, shape)
+        if pair is None:
+            return None
+        tap, k, src = pair
+        if (kern is not None and src != kern) or k in taps:
+            return None
+        kern = src
+        taps[k] = tap
+    if sorted(taps) != list(range(len(taps))) or t[kern].shape[2] != len(taps):
+        return None
+    found = _window(graph, producer, [taps[k] for k in range(len(taps))])
+    if found is None or len(found[1].kernel) != 2 or found[1].pad_value != 0.0:
+        return None
+    x, w = found
+    return x, kern, Involution(w.kernel, w.strides, w.dilations, w.pad_begins, w.pad_ends)
+
+
+def _tap_times_kernel(graph, producer, mul: BasicNode, shape):
+    """(tap, k, kernel tensor) where `mul` is Reshape*(tap of a window) x Broadcast(kernel[:, :, k:k+1])."""
+    t = graph.tensors
+    for a, b in (mul.inputs, mul.inputs[::-1]):
+        tap = _taps(graph, producer, _through_reshapes(producer, a))
+        bc = producer.get(b)
+        if tap is None or bc is None or not isinstance(bc.op, Broadcast):
+            continue
+        sl = producer.get(bc.inputs[0])
+        if sl is None or not isinstance(sl.op, Slice) or t[bc.inputs[0]].shape[2] != 1:
+            continue
+        ks = t[sl.inputs[0]].shape
+        cut = [d for d in range(len(ks)) if (sl.op.starts[d], sl.op.stops[d], sl.op.steps[d]) != (0, ks[d], 1)]
+        xs = tap[3]
+        if cut != [2] or sl.op.steps[2] != 1 or len(ks) != len(shape) or ks[0] != shape[0] or ks[1] != shape[1] \
+                or shape[1] * shape[2] != xs[1] or tuple(ks[3:]) != tuple(shape[3:]) or len(xs) != 4 \
+                or _prod(xs[2:]) != _prod(shape[3:]) or xs[0] != shape[0]:
+            continue
+        return tap, sl.op.starts[2], sl.inputs[0]
+    return None

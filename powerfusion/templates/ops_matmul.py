@@ -77,7 +77,7 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     pr = prod_fn(ctx)
     Kn = prod(pr.space[pr.n_out:])
     L = pr.space[pr.n_out - 1] if pr.n_out else 1
-    dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L, whole=name == "conv.depthwise")
+    dot_v, col_v = _vecs(vmax, ctx.lanes, Kn), _vecs(vmax, ctx.lanes, L, whole=name in ("conv.depthwise", "involution"))
     n_outputs = prod(pr.space[:pr.n_out])
     # several outputs per unit only where that still leaves a unit per warp slot of the device
     rows = [DotParams("dot", v, rows=r) for v in dot_v if Kn % (ctx.lanes * v) == 0 and Kn <= DOT_ROWS_K * ctx.lanes * v
@@ -86,7 +86,7 @@ def _offer(ctx: Ctx, name: str, prod_fn) -> list[Candidate]:
     # several short dots beats one dot per unit wherever it is offered
     points = sorted(rows, key=lambda q: (-q.rows, -q.vec)) + [DotParams("dot", v) for v in dot_v] + \
         [DotParams("cols", v) for v in col_v]
-    if (Kn < ctx.lanes or (name == "conv.depthwise" and Kn < 2 * ctx.lanes)) and L > 1:
+    if (Kn < ctx.lanes or (name in ("conv.depthwise", "involution") and Kn < 2 * ctx.lanes)) and L > 1:
         # a dot shorter than a warp leaves most lanes idle (a 3x3 depthwise window: 9 of 32,
         # measured 20x slower than cols, which the model did not see): cols only. A 7x7 window
         # (49 taps, two warp-wide segments gathered across 7 input rows) ran 1.7-6x slower than
@@ -277,6 +277,45 @@ def _conv_product(ctx: Ctx) -> Product:
     if len(ctx.node.inputs) > 2:
         bias = Source(ctx.node.inputs[2], View((0, 1) + (0,) * ns))
     return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
+
+
+def _involution_product(ctx: Ctx) -> Product:
+    """B.Involution as a product over [N, C, OH, OW, KH, KW]: the window of x (as a depthwise
+    conv reads it) times the kernel of the output position and the channel's group."""
+    op: B.Involution = ctx.node.op
+    x, w = ctx.node.inputs[:2]
+    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
+    ys = ctx.tensors[ctx.node.outputs[0]].shape
+    xst = contiguous_strides(xs)
+    KH, KW = op.kernel
+    OH, OW = ys[2:]
+    cg = xs[1] // ws[1]
+    space = (ys[0], xs[1], OH, OW, KH, KW)
+
+    def x_index(cs) -> Expr:
+        e = cs[0] * xst[0] + cs[1] * xst[1]
+        for d in range(2):
+            e = e + (cs[2 + d] * op.strides[d] + cs[4 + d] * op.dilations[d] - op.pad_begins[d]) * xst[2 + d]
+        return e
+
+    def x_valid(cs):
+        acc = None
+        for d in range(2):
+            if op.pad_begins[d] or op.pad_ends[d]:
+                acc = and_(acc, in_range(cs[2 + d] * op.strides[d] + cs[4 + d] * op.dilations[d] - op.pad_begins[d],
+                                         0, xs[2 + d]))
+        return acc
+
+    def w_index(cs) -> Expr:
+        group = cs[1] // cg if cg > 1 else cs[1]
+        return (((cs[0] * ws[1] + group) * (KH * KW) + cs[4] * KW + cs[5]) * OH + cs[2]) * OW + cs[3]
+    return Product(space, 4, Source(x, index=x_index, valid=x_valid), Source(w, index=w_index), None)
+
+
+def involution(ctx: Ctx) -> list[Candidate]:
+    """A window sum with a kernel per position (B.Involution): the cols / dot forms of a depthwise
+    conv, whose weight load reads the position's kernel instead of the channel's."""
+    return _offer(ctx, "involution", _involution_product)
 
 
 def conv(ctx: Ctx) -> list[Candidate]:

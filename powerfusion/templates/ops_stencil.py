@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powerfusion import basic as B
+
 from powerfusion.gir.expr import Expr, I, J, U, const
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, reg_dtype
@@ -127,8 +129,9 @@ def conv_stencil(ctx: Ctx) -> list[Candidate]:
     if ys[3] < ctx.lanes:
         points.append(StencilParams("flat", 1))
     out = []
+    name = "involution.stencil" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.stencil"
     for p in points:
-        c = Candidate("conv.depthwise.stencil", p, ctx, _build)
+        c = Candidate(name, p, ctx, _build)
         if builds(c):
             out.append(c)
     return out
@@ -147,8 +150,8 @@ def _build(ctx: Ctx, p: StencilParams):
     r, ow, q, tail = g.output()
     K = g.KH * g.KW
     # weights (and bias) first, through cols' Product sources: their loads overlap the staging
-    from powerfusion.templates.ops_matmul import _conv_product
-    pr = _conv_product(ctx)
+    from powerfusion.templates.ops_matmul import _conv_product, _involution_product
+    pr = _involution_product(ctx) if isinstance(ctx.node.op, B.Involution) else _conv_product(ctx)
     space, n_out = pr.space, pr.n_out
     out_dims, red_dims = tuple(range(n_out)), tuple(range(n_out, len(space)))
     pieces = [(r, out_dims[:-1]), (ow, out_dims[-1:]), (I, red_dims)]
@@ -176,7 +179,8 @@ def _build(ctx: Ctx, p: StencilParams):
         em.op(Elementwise("add"), [seen, rbias], [tot])
         seen = tot
     em.op(Move(), [seen], [em.gslice(y, q, 1, g.W, p.vec, tail)])
-    return em.graph(Parallel(g.units, g.G, ctx.lanes), "conv.depthwise.stencil")
+    return em.graph(Parallel(g.units, g.G, ctx.lanes),
+                    "involution.stencil" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.stencil")
 
 
 def _stage_num(g: _Geometry) -> int:

@@ -116,3 +116,94 @@ def test_bundled_rednet_stacks_fold_and_match_onnxruntime():
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {sess.get_inputs()[0].name: x})[0]
     got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _involution_model(n, c, hw, groups, k, stride=1, broadcast=True):
+    """RedNet's form: stack the k x k taps of Pad(x), view as [N, G, C/G, K*K, positions], times
+    the kernel [N, G, 1, K*K, positions], summed over the taps (models/rednet.py)."""
+    p = k // 2
+    ho = (hw + 2 * p - k) // stride + 1
+    consts = {"pads": np.array([0, 0, p, p, 0, 0, p, p], np.int64), "a23": np.array([2, 3], np.int64),
+              "ax": np.array([2], np.int64), "st": np.array([stride, stride], np.int64),
+              "vx": np.array([n, groups, c // groups, k * k, ho * ho], np.int64),
+              "vk": np.array([n, groups, 1, k * k, ho * ho], np.int64), "r3": np.array([3], np.int64),
+              "vy": np.array([n, c, ho, ho], np.int64)}
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["xp"])]
+    for t, (i, j) in enumerate(itertools.product(range(k), range(k))):
+        consts[f"s{t}"] = np.array([i, j], np.int64)
+        consts[f"e{t}"] = np.array([i + stride * (ho - 1) + 1, j + stride * (ho - 1) + 1], np.int64)
+        nodes += [helper.make_node("Slice", ["xp", f"s{t}", f"e{t}", "a23", "st"], [f"tap{t}"]),
+                  helper.make_node("Unsqueeze", [f"tap{t}", "ax"], [f"u{t}"])]
+    nodes += [helper.make_node("Concat", [f"u{t}" for t in range(k * k)], ["stack"], axis=2),
+              helper.make_node("Reshape", ["stack", "vx"], ["patches"]),
+              helper.make_node("Reshape", ["kern", "vk"], ["weight"]),
+              helper.make_node("Mul", ["weight", "patches"] if broadcast else ["patches", "weight"], ["prod"]),
+              helper.make_node("ReduceSum", ["prod", "r3"], ["s"], keepdims=0),
+              helper.make_node("Reshape", ["s", "vy"], ["y"])]
+    feeds = {"x": RNG.standard_normal((n, c, hw, hw)).astype(np.float32),
+             "kern": RNG.standard_normal((n, groups * k * k, ho, ho)).astype(np.float32)}
+    return make_model(None, feeds, consts, nodes=nodes), feeds
+
+
+@pytest.mark.parametrize("args", [(2, 16, 9, 4, 3, 1), (1, 8, 12, 2, 7, 2), (1, 4, 8, 4, 3, 1)],
+                         ids=["3x3-g4", "7x7-s2", "one-channel-per-group"])
+def test_involution_becomes_one_op_and_matches_onnxruntime(args):
+    from powerfusion.basic import Involution
+    from powerfusion.frontend.window_stack import fold_involutions
+    model, feeds = _involution_model(*args)
+    graph, count = _folded(model)
+    assert count == 1 and fold_involutions(graph) == 1
+    validate(graph)
+    kinds = [type(n.op) for n in graph.nodes]
+    assert Involution in kinds and Window not in kinds and Concat not in kinds
+    np.testing.assert_allclose(run_basic_graph(graph, feeds)["y"], run_ort(model, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_used_elsewhere_is_not_folded():
+    """The product of taps and kernels read by a second consumer must stay materialised."""
+    from powerfusion.frontend.window_stack import fold_involutions
+    model, feeds = _involution_model(1, 8, 6, 2, 3)
+    model.graph.node.append(helper.make_node("Identity", ["prod"], ["extra"]))
+    model.graph.output.append(helper.make_tensor_value_info("extra", 1, [1, 2, 4, 9, 36]))
+    graph, _ = _folded(model)
+    assert fold_involutions(graph) == 0
+
+
+def _summed_involution_model(n, c, hw, groups, k, swap=False):
+    """Involution tap by tap: sum over taps of Reshape(Slice(Pad(x))) * Slice(kern, k:k+1);
+    `swap` pairs taps 0 and 1 with each other's kernel slice (not an involution any more)."""
+    p = k // 2
+    consts = {"pads": np.array([0, 0, p, p, 0, 0, p, p], np.int64), "a23": np.array([2, 3], np.int64),
+              "a2": np.array([2], np.int64), "v": np.array([n, groups, c // groups, hw, hw], np.int64),
+              "vy": np.array([n, c, hw, hw], np.int64)}
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["xp"])]
+    acc = None
+    for t, (i, j) in enumerate(itertools.product(range(k), range(k))):
+        kk = {0: 1, 1: 0}.get(t, t) if swap else t
+        consts[f"s{t}"], consts[f"e{t}"] = np.array([i, j], np.int64), np.array([i + hw, j + hw], np.int64)
+        consts[f"k{t}"], consts[f"l{t}"] = np.array([kk], np.int64), np.array([kk + 1], np.int64)
+        nodes += [helper.make_node("Slice", ["xp", f"s{t}", f"e{t}", "a23"], [f"tap{t}"]),
+                  helper.make_node("Reshape", [f"tap{t}", "v"], [f"g{t}"]),
+                  helper.make_node("Slice", ["kern", f"k{t}", f"l{t}", "a2"], [f"w{t}"]),
+                  helper.make_node("Mul", [f"g{t}", f"w{t}"], [f"m{t}"])]
+        if acc is not None:
+            nodes.append(helper.make_node("Add", [acc, f"m{t}"], [f"acc{t}"]))
+        acc = f"m{t}" if acc is None else f"acc{t}"
+    nodes.append(helper.make_node("Reshape", [acc, "vy"], ["y"]))
+    feeds = {"x": RNG.standard_normal((n, c, hw, hw)).astype(np.float32),
+             "kern": RNG.standard_normal((n, groups, k * k, hw, hw)).astype(np.float32)}
+    return make_model(None, feeds, consts, nodes=nodes), feeds
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["taps-in-order", "two-kernels-swapped"])
+def test_tap_by_tap_involution(swap):
+    """Written tap by tap (a sum of window taps times kernel slices) it is one Involution too;
+    with two taps paired with each other's kernel slice it is not, and stays as written."""
+    from powerfusion.basic import Involution
+    from powerfusion.frontend.window_stack import fold_involutions
+    model, feeds = _summed_involution_model(2, 8, 7, 2, 3, swap)
+    graph = import_model(model)
+    assert fold_involutions(graph) == (0 if swap else 1)
+    validate(graph)
+    assert (Involution in [type(n.op) for n in graph.nodes]) != swap
+    np.testing.assert_allclose(run_basic_graph(graph, feeds)["y"], run_ort(model, feeds)["y"], rtol=1e-5, atol=1e-5)
