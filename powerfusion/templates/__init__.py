@@ -18,7 +18,7 @@ Templates (name: parameters):
   depthwise windows under two warps)
   conv.depthwise.stencil, involution.stencil: ops_stencil.StencilParams(vec) (SHARED input tile +
   halo, BLOCK sync; an involution loads each position's kernel where the conv loads its weights)
-  involution.dot / .cols: ops_matmul.DotParams (the depthwise conv's forms, per-position kernel)
+  involution.strip / .dot / .cols: the depthwise conv's forms, loading a kernel per position
   conv.depthwise.strip: ops_strip.StripParams(layout, vec) (vector chunks of each window row,
   the window built by in-lane register moves)
 Conventions: compute on REGISTER tiles in the identity layout (index i*width + j), fp16 and
@@ -47,7 +47,7 @@ TEMPLATES: dict[type, Callable[[Ctx], list[Candidate]]] = {
     B.Reduce: ops_reduce.reduce,
     B.MatMul: ops_matmul.matmul,
     B.Conv: lambda ctx: ops_matmul.conv(ctx) + ops_stencil.conv_stencil(ctx) + ops_strip.conv_strip(ctx),
-    B.Involution: lambda ctx: ops_stencil.conv_stencil(ctx) + ops_matmul.involution(ctx),
+    B.Involution: lambda ctx: ops_stencil.conv_stencil(ctx) + ops_strip.conv_strip(ctx) + ops_matmul.involution(ctx),
 }
 
 

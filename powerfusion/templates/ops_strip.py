@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from powerfusion.gir.expr import Expr, I, J, U, variables
+from powerfusion import basic as B
+from powerfusion.gir.expr import Expr, I, J, U, affine_coefficient, variables
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce
-from powerfusion.templates.common import Candidate, Ctx, Emitter, and_, builds, in_range, prod, reg_dtype
+from powerfusion.templates.common import Candidate, Ctx, Emitter, and_, builds, coords, in_range, prod, reg_dtype
 from powerfusion.templates.conv_shape import ConvShape, conv_shape
 from powerfusion.templates.maps import load
 
@@ -68,9 +69,14 @@ def conv_strip(ctx: Ctx) -> list[Candidate]:
     v = max(v for v in (8, 4, 2, 1) if v <= vmax and prod(ys) % v == 0)
     if v > 1 and ys[3] % v == 0:
         points.append(StripParams("flat", v))
+        if isinstance(ctx.node.op, B.Involution):
+            # each lane loads its own positions' kernels, so idle lanes of the rows layout are
+            # paid in full: RedNet's 16x64x56x56 3x3 on H200, flat vec 4 21.6 us against rows
+            # vec 2 / 4 25.0 / 30.9 us, which the cost model ranks equal or better
+            points = [q for q in points if q.layout == "flat"]
     out = []
     for p in points:
-        c = Candidate("conv.depthwise.strip", p, ctx, _build)
+        c = Candidate(_name(ctx), p, ctx, _build)
         if builds(c):
             out.append(c)
     return out
@@ -133,7 +139,11 @@ def _build(ctx: Ctx, p: StripParams):
         em.op(Elementwise("add"), [seen, rbias], [tot])
         seen = tot
     em.op(Move(), [seen], [em.gslice(y, t.out, 1, W, vec, t.tail)])
-    return em.graph(Parallel(t.units, ctx.upg, L), "conv.depthwise.strip")
+    return em.graph(Parallel(t.units, ctx.upg, L), _name(ctx))
+
+
+def _name(ctx: Ctx) -> str:
+    return "involution.strip" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.strip"
 
 
 def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: int):
@@ -142,6 +152,8 @@ def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: i
     two channels; each lane loads its channel's (the vec columns of a lane share one address,
     which the compiler loads once)."""
     w = ctx.node.inputs[1]
+    if isinstance(ctx.node.op, B.Involution):
+        return _position_kernels(em, ctx, t, K, W, vec), None
     bias = ctx.node.inputs[2] if len(ctx.node.inputs) > 2 else None
     co = (t.r // g.OH) % g.Cout
     if "j" not in variables(co):
@@ -159,6 +171,22 @@ def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: i
     rbias = em.reg("bias", 1, W, reg_dtype(ctx.tensors[bias].dtype), vec)
     em.op(Move(), [em.gslice(bias, co, 1, W, 1, t.tail)], [rbias])
     return rw, rbias
+
+
+def _position_kernels(em: Emitter, ctx: Ctx, t: _Tiling, K: int, W: int, vec: int) -> MemorySlice:
+    """An involution's K taps of each output position's kernel as a K x W register tile: vector
+    loads along the row where the lane's outputs are consecutive in j (rows layout), else one
+    element each."""
+    from powerfusion.templates.ops_matmul import _involution_product
+    pr = _involution_product(ctx)
+    out_dims, red_dims = tuple(range(pr.n_out)), tuple(range(pr.n_out, len(pr.space)))
+    pieces = [(t.r, out_dims[:-1]), (t.ow, out_dims[-1:]), (I, red_dims)]
+    cs = coords(pieces, pr.space)
+    index = pr.b.index(cs)
+    gvec = vec if affine_coefficient(index, "j") == 1 else 1
+    rw = em.reg("w", K, W, reg_dtype(ctx.tensors[pr.b.tensor].dtype), vec)
+    em.op(Move(), [em.gslice(pr.b.tensor, index, K, W, gvec, t.tail)], [rw])
+    return rw
 
 
 def _load_chunk(em: Emitter, g: _Conv, x: str, t: _Tiling, kh: int, q: int, vec: int, W: int,

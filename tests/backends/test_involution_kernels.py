@@ -1,8 +1,7 @@
 """Involution templates rendered: every candidate of the involution cases compiles with nvcc
 (sm_80, sm_90); on a GPU each runs and matches the interpreter (float32 rtol 2e-5 / atol 2e-5;
 float16 1e-3 / 1e-3: the same float32 sum rounded once, with the device's fused multiply-adds);
-the form RedNet exports (stacked taps x per-position kernel, summed) compiles to one stencil
-kernel with its BatchNorm + ReLU."""
+the form RedNet exports (stacked taps x per-position kernel, summed) reaches them."""
 from __future__ import annotations
 
 import subprocess
@@ -67,12 +66,12 @@ def test_involution_kernel_on_gpu_matches_interpreter(label, case, gir):
         np.testing.assert_allclose(got.astype(np.float32), want[n].astype(np.float32), rtol, atol, err_msg=label)
 
 
-def test_rednet_involution_plan_is_one_stencil_kernel():
-    """rednet_small's 7x7 stride-1 involution with its BatchNorm + ReLU: the frontend makes it
-    one Involution, and the CUDA plan runs it (and what follows it in the subgraph) through the
-    stencil."""
+def test_rednet_involutions_reach_the_involution_templates():
+    """rednet_small's five involutions (3x3 and 7x7, strides 1 and 2): the frontend makes each
+    one Involution, and the CUDA plan lowers each through one of its templates (which one is the
+    search's choice)."""
     from powerfusion.compiler import compile_model
     path = Path(__file__).resolve().parents[2] / "models" / "small" / "rednet_small.onnx"
     plan = compile_model(str(path), "cuda")
     used = [t for s in plan.kernel_steps for _, t in s.gir.templates if t.startswith("involution")]
-    assert len(used) == 5 and all(t.startswith("involution.stencil") for t in used), used
+    assert len(used) == 5, used

@@ -1,4 +1,4 @@
-"""Involution templates (involution.stencil, .cols, .dot): every candidate verifies and, run by the
+"""Involution templates (involution.stencil, .strip, .cols, .dot): every candidate verifies and, run by the
 GIR interpreter, matches a float64 numpy involution; the stencil stages each input row once per
 group, as the depthwise conv's does.
 
@@ -74,6 +74,7 @@ def test_involution_candidates_match_numpy(cid):
     np.testing.assert_allclose(run_involution(op, wide, np.float64), want, rtol=1e-12, atol=1e-12)
     cands = candidates(node, g.graph.tensors, "cuda", names)
     assert {c.name for c in cands} >= {"involution.stencil", "involution.cols"}
+    assert "involution.strip" in {c.name for c in cands} or shape[3] % 4   # vector chunks of rows
     rtol, atol = TOL[dtype]
     for c in cands:
         gir = c.build()
