@@ -25,7 +25,9 @@ def _short(label: str) -> str:
     if not m:
         return label
     kv = dict(x.split("=") for x in m.group(2).split(", "))
-    extra = "".join(f"/{k[0]}{v}" for k, v in kv.items() if k in ("per_row", "rows", "group") and v not in ("0", "1"))
+    extra = "".join(f"/{k[0]}{v}" for k, v in kv.items()
+                    if k in ("per_row", "rows", "group", "channels") and v not in ("0", "1"))
+    extra += f"/{kv['layout']}" if "layout" in kv else ""
     return f"{m.group(1).split('.')[-1]}/{kv.get('vec', '')}{extra}"
 
 
