@@ -159,7 +159,7 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
     fold_empty_reductions(graph)   # a reduction over nothing is its identity, on every target
     from powerfusion.frontend.window_stack import fold_window_stacks
     fold_window_stacks(graph)      # stacked shifted slices (unfold, involution) are one Window
-    if get_target(target).backend != "cpu":   # the CPU runs the Window form's C faster (docs/cpu-session.md)
+    if get_target(target).backend != "cpu":   # on the CPU the Window form's C is as fast (docs/gir.md)
         from powerfusion.frontend.window_stack import fold_involutions
         fold_involutions(graph)
     _tell(observers, "imported", graph)
