@@ -160,7 +160,7 @@ def front(model, target: str, options: CompileOptions = CompileOptions(), observ
     from powerfusion.frontend.window_stack import fold_window_stacks
     fold_window_stacks(graph)      # stacked shifted slices (unfold, involution) are one Window
     if get_target(target).backend != "cpu":   # on the CPU the Window form's C is as fast (docs/gir.md)
-        from powerfusion.frontend.window_stack import fold_involutions
+        from powerfusion.frontend.involution import fold_involutions
         fold_involutions(graph)
     _tell(observers, "imported", graph)
     if options.cpu_only_nodes == "refuse" and get_target(target).backend != "cpu":

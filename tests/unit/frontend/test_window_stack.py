@@ -149,7 +149,7 @@ def _involution_model(n, c, hw, groups, k, stride=1, broadcast=True):
                          ids=["3x3-g4", "7x7-s2", "one-channel-per-group"])
 def test_involution_becomes_one_op_and_matches_onnxruntime(args):
     from powerfusion.basic import Involution
-    from powerfusion.frontend.window_stack import fold_involutions
+    from powerfusion.frontend.involution import fold_involutions
     model, feeds = _involution_model(*args)
     graph, count = _folded(model)
     assert count == 1 and fold_involutions(graph) == 1
@@ -161,7 +161,7 @@ def test_involution_becomes_one_op_and_matches_onnxruntime(args):
 
 def test_a_product_used_elsewhere_is_not_folded():
     """The product of taps and kernels read by a second consumer must stay materialised."""
-    from powerfusion.frontend.window_stack import fold_involutions
+    from powerfusion.frontend.involution import fold_involutions
     model, feeds = _involution_model(1, 8, 6, 2, 3)
     model.graph.node.append(helper.make_node("Identity", ["prod"], ["extra"]))
     model.graph.output.append(helper.make_tensor_value_info("extra", 1, [1, 2, 4, 9, 36]))
@@ -200,7 +200,7 @@ def test_tap_by_tap_involution(swap):
     """Written tap by tap (a sum of window taps times kernel slices) it is one Involution too;
     with two taps paired with each other's kernel slice it is not, and stays as written."""
     from powerfusion.basic import Involution
-    from powerfusion.frontend.window_stack import fold_involutions
+    from powerfusion.frontend.involution import fold_involutions
     model, feeds = _summed_involution_model(2, 8, 7, 2, 3, swap)
     graph = import_model(model)
     assert fold_involutions(graph) == (0 if swap else 1)
