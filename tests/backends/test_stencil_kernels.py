@@ -5,7 +5,6 @@ the device's fused multiply-adds), and a conv + BatchNorm + SiLU compiled by the
 runs as one kernel that matches numpy."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,14 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import require_tool  # noqa: E402
-from powerfusion.backends.cuda.renderer import CUDARenderer  # noqa: E402
 from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
-from powerfusion.gir.interpreter import np_dtype, run_gir  # noqa: E402
 from powerfusion.templates import buffer_names  # noqa: E402
+from tests.backends.kernel_checks import assert_gpu_matches_interpreter, assert_nvcc_compiles  # noqa: E402
 from tests.unit.templates.test_stencil import CASES, conv_case, stencil_candidates  # noqa: E402
-
-TOL = {"float32": (2e-5, 2e-5), "float16": (1e-3, 1e-3)}
-
 
 def _graphs(target="cuda"):
     out = []
@@ -35,13 +30,7 @@ def _graphs(target="cuda"):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_stencil_kernels_compile_with_nvcc(arch, tmp_path):
     require_tool("nvcc")
-    for label, _, gir in _graphs():
-        for ks in CUDARenderer().render(gir):
-            path = tmp_path / f"{ks.name}.cu"
-            path.write_text(ks.source)
-            proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
-                                   str(path)], capture_output=True, text=True)
-            assert proc.returncode == 0, f"{label}:\n{proc.stderr}"
+    assert_nvcc_compiles(_graphs(), arch, tmp_path)
 
 
 def test_stencil_kernels_render_for_hip():
@@ -53,23 +42,10 @@ def test_stencil_kernels_render_for_hip():
 @pytest.mark.gpu
 @pytest.mark.parametrize("label,case,gir", _graphs(), ids=lambda x: x if isinstance(x, str) else "")
 def test_stencil_kernel_on_gpu_matches_interpreter(label, case, gir):
-    import cupy
-    from powerfusion.backends.cuda.executor import GIRExecutor, device_dtype
     g, values = case
     names = buffer_names(list(g.graph.tensors))
     node = g.graph.nodes[-1]
-    feeds = {names[t]: values[t] for t in node.inputs}
-    arrays = {n: cupy.asarray(np.ascontiguousarray(feeds[n]).reshape(-1).view(device_dtype(gir.buffer(n).dtype)))
-              for n in gir.inputs}
-    for n in gir.outputs:   # poisoned so unwritten elements show
-        b = gir.buffer(n)
-        arrays[n] = cupy.asarray(np.full(b.size, np.nan, np_dtype(b.dtype)).view(device_dtype(b.dtype)))
-    GIRExecutor(gir)(arrays)
-    want = run_gir(gir, feeds)
-    for n in gir.outputs:
-        rtol, atol = TOL[gir.buffer(n).dtype]
-        got = cupy.asnumpy(arrays[n]).view(np_dtype(gir.buffer(n).dtype))
-        np.testing.assert_allclose(got.astype(np.float32), want[n].astype(np.float32), rtol, atol, err_msg=label)
+    assert_gpu_matches_interpreter(label, gir, {names[t]: values[t] for t in node.inputs})
 
 
 def dwconv_bn_silu_model(dtype: str, c: int = 384, hw: int = 14):

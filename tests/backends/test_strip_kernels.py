@@ -4,7 +4,6 @@ each runs and matches the interpreter (tolerances as test_stencil_kernels.py), a
 BatchNorm + SiLU plan at 56x56 runs as one kernel that matches numpy."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,11 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import require_tool  # noqa: E402
 from powerfusion.backends.cstyle.inlane import in_lane_assignments  # noqa: E402
-from powerfusion.backends.cuda.renderer import CUDARenderer  # noqa: E402
 from powerfusion.backends.hip.renderer import HIPRenderer  # noqa: E402
 from powerfusion.gir.expr import I, J  # noqa: E402
 from powerfusion.gir.ir import Level, MemorySlice  # noqa: E402
 from tests.backends.test_stencil_kernels import test_stencil_kernel_on_gpu_matches_interpreter as _on_gpu  # noqa: E402
+from tests.backends.kernel_checks import assert_nvcc_compiles  # noqa: E402
 from tests.unit.templates.test_strip import CASES, case_of, strip_candidates  # noqa: E402
 
 
@@ -46,14 +45,7 @@ def test_in_lane_move_is_a_list_of_slot_assignments():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_strip_kernels_compile_with_nvcc(arch, tmp_path):
     require_tool("nvcc")
-    for label, _, gir in _graphs():
-        for ks in CUDARenderer().render(gir):
-            assert "r_" in ks.source and "_win[" in ks.source, label
-            path = tmp_path / f"{ks.name}.cu"
-            path.write_text(ks.source)
-            proc = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(tmp_path / "k.cubin"),
-                                   str(path)], capture_output=True, text=True)
-            assert proc.returncode == 0, f"{label}:\n{proc.stderr}"
+    assert_nvcc_compiles(_graphs(), arch, tmp_path, lambda src: "r_" in src and "_win[" in src)
 
 
 def test_strip_kernels_render_for_hip():
