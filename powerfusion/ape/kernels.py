@@ -114,12 +114,13 @@ extern "C" __global__ void ape_block_mask(const float* x, long long rows, long l
     if (threadIdx.x == 0) mask[(long long)blockIdx.y * gridDim.x + blockIdx.x] = any2 ? 2 : any1 ? 1 : 0;
 }
 
-// C = alpha * sum_b W[b] (+ C): the partial GEMMs of K chunks added in round-to-nearest
+// C = (((C) + alpha W[0]) + alpha W[1]) + ...: the GEMMs of K chunks added to C in
+// round-to-nearest, one at a time, in the order of the beta = 1 chain they replace
 extern "C" __global__ void ape_reduce_chunks(const float* w, int nb, long long mn, float alpha, int accumulate, float* c) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < mn; i += (long long)gridDim.x * blockDim.x) {
-        float s = 0.f;
-        for (int b = 0; b < nb; ++b) s += w[b * mn + i];
-        c[i] = accumulate ? c[i] + alpha * s : alpha * s;
+        float s = accumulate ? c[i] : 0.f;
+        for (int b = 0; b < nb; ++b) s = __fadd_rn(s, __fmul_rn(alpha, w[b * mn + i]));
+        c[i] = s;
     }
 }
 
