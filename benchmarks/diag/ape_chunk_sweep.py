@@ -36,6 +36,7 @@ SHAPES = BERT + [("resnet conv4 3x3", 6272, 256, 2304), ("resnet conv5 3x3", 156
 def probe_inputs(part: str, data: str, k: int):
     """Seeded inputs exactly representable in the part type (fp32 arrays)."""
     import ml_dtypes
+
     from powerfusion.ape.types import _tf32_round
     rng = np.random.default_rng([PROBE_TYPES.index(part), ("normal", "positive").index(data), k])
     draw = (lambda s: rng.standard_normal(s)) if data == "normal" else (lambda s: rng.uniform(0.5, 2.0, s))
@@ -48,6 +49,7 @@ def probe_inputs(part: str, data: str, k: int):
 
 def probe(log) -> dict:
     import cupy as cp
+
     from powerfusion.ape import cublas
     blas = cublas.handle_for(0)
     blas.bind(cp.cuda.get_current_stream())
@@ -88,6 +90,7 @@ def probe(log) -> dict:
 
 def sweep(shapes, configs, log) -> list[dict]:
     import cupy as cp
+
     from powerfusion.ape.device import ApeGemm
     rng = cp.random.default_rng(19)
     stream = cp.cuda.Stream(non_blocking=True)

@@ -24,7 +24,6 @@ import functools
 import numpy as np
 
 from . import cublas, kernels, mma
-from .engine_choice import ENGINES, default_chunk, emulation_pays, mma_applies, mma_fills, pick_engine  # noqa: F401
 from .adapter import (
     MASK_ROWS,
     PANEL,
@@ -33,6 +32,15 @@ from .adapter import (
     decide,
     f_block_fraction,
     panel_classes,
+)
+from .engine_choice import (  # noqa: F401  (mma_fills, mma_applies: re-exported)
+    ENGINES,
+    default_chunk,
+    default_chunk_sum,
+    emulation_pays,
+    mma_applies,
+    mma_fills,
+    pick_engine,
 )
 from .reference import MASK_B, MASK_F, MASK_FP32, MODES, ApeError
 from .types import TYPES
@@ -111,7 +119,7 @@ class _EmulatedGroup:
     its k-tile)."""
 
     def __init__(self, letter: str, a, b, panels: np.ndarray | None, k_chunk: int | None, engine: str = "cublas",
-                 chunk_sum: str = "beta"):
+                 chunk_sum: str | None = None):
         import cupy
         self.letter, self.t = letter, TYPES[f"fp32-{letter}"]
         if engine == "mma" and not mma_fits(self.t.name):
@@ -127,8 +135,9 @@ class _EmulatedGroup:
         self.a_parts = cupy.empty((self.m, p * self.kp), dt)
         self.b_parts = cupy.empty((p * self.kp, self.n), dt)
         if k_chunk is None:
-            k_chunk = default_chunk(self.m, self.n, self.kp)
+            k_chunk = default_chunk(self.m, self.n, self.kp, self.t.name)
         self.k_chunk = k_chunk if (engine == "cublas" and k_chunk and self.kp > k_chunk) else None
+        chunk_sum = chunk_sum or default_chunk_sum(self.m, self.n, self.kp, self.t.name)
         # "batched": the chunks of the top level as one strided-batched GEMM into a buffer of
         # chunk products, added by a kernel; needs equal chunks. "beta": one GEMM per chunk
         # adding into C through beta = 1 (cuBLAS's epilogue: one fp32 FMA, round to nearest).
@@ -210,12 +219,12 @@ class ApeGemm:
     """A planned fp32 Ape GEMM with its buffers; `run()` is graph-capturable."""
 
     def __init__(self, a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None,
-                 speeds: Speeds | None = None, engine: str = "auto", chunk_sum: str = "beta"):
+                 speeds: Speeds | None = None, engine: str = "auto", chunk_sum: str | None = None):
         import cupy
         _check(a, b, mode, out)
         if k_chunk is not None and (not isinstance(k_chunk, (int, np.integer)) or k_chunk < 0):
             raise ApeError(f"k_chunk must be a non-negative int (None: the engine's default, 0: none), got {k_chunk!r}")
-        if chunk_sum not in CHUNK_SUMS:
+        if chunk_sum is not None and chunk_sum not in CHUNK_SUMS:
             raise ApeError(f"unknown chunk_sum {chunk_sum!r}; expected one of {', '.join(CHUNK_SUMS)}")
         self.engine = pick_engine(engine, b.shape[1], k_chunk, ApeError)
         self.engine_picked = engine == "auto"   # not asked for by name: SGEMM may run instead

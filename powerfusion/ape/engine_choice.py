@@ -17,28 +17,43 @@ import math
 ENGINES = ("auto", "mma", "cublas")
 AUTO_ENGINE = "cublas"
 
-# grids of fewer 128 x 128 output tiles than this are where cuBLAS SGEMM splits K (measured:
-# BERT FFN2 4096 x 768, 192 tiles, and ResNet-50 conv5 1568 x 512, 52 tiles, 6-10x more
-# accurate than at large grids), so the emulated GEMM splits K finely there too
-SPLIT_K_TILES = 256
-SMALL_GRID_CHUNK = 256
-# error of the chunked top level ~ c * chunk / sqrt(K) of sum |A||B| (docs/ape.md); this keeps
-# it at about half of SGEMM's usual error
-CHUNK_PER_SQRT_K = 16
-MIN_CHUNK = 256
+# Chunk of the top level: the error of a top level in chunks of C columns of K is about
+# c * C / sqrt(K) of sum |A||B| (c measured on the H200 at 8192^3: FP32-F 1.3e-8, FP32-B
+# 1.1e-8, FP32-T 2.3e-8; TF32's mma truncates every 8 products, fp16 / bf16's every 16), so a
+# chunk of X sqrt(K) gives about c X at every K: 2.1e-7 (F), 1.8e-7 (B), 2.8e-7 (T) for the X
+# below, under SGEMM's 3.0e-7 at 1024^3 and its 4.4e-7 at 8192^3 (docs/ape.md)
+CHUNK_PER_SQRT_K = {"fp32-f": 16, "fp32-t": 12, "fp32-b": 16}
+CHUNK_ALIGN = 128
+# where cuBLAS SGEMM splits K it is 5-6x more accurate (BERT FFN2 4096 x 768 x 3072: 6.7e-8;
+# ResNet-50 conv5 1568 x 512 x 4608: 8.3e-8; measured on the H200): grids of fewer 128 x 128
+# tiles than SPLIT_K_TILES with K >= SPLIT_K_MIN_K get chunks SPLIT_K_SHRINK times shorter
+SPLIT_K_TILES, SPLIT_K_MIN_K, SPLIT_K_SHRINK = 256, 2048, 6
 
 
 def tiles(m: int, n: int, tile: int = 128) -> int:
     return -(-m // tile) * -(-n // tile)
 
 
-def default_chunk(m: int, n: int, k: int) -> int:
-    """K per GEMM of the top level on the cuBLAS engine; 0 when one GEMM covers K."""
-    if tiles(m, n) < SPLIT_K_TILES:
-        chunk = SMALL_GRID_CHUNK
-    else:
-        chunk = max(MIN_CHUNK, 1 << int(math.log2(CHUNK_PER_SQRT_K * math.sqrt(max(k, 1)))))
+def split_k_shape(m: int, n: int, k: int) -> bool:
+    """A shape where cuBLAS SGEMM is likely to split K (few output tiles, long K)."""
+    return tiles(m, n) < SPLIT_K_TILES and k >= SPLIT_K_MIN_K
+
+
+def default_chunk(m: int, n: int, k: int, mode: str) -> int:
+    """K per GEMM of the top level on the cuBLAS engine (a multiple of CHUNK_ALIGN); 0 when
+    one GEMM covers K."""
+    chunk = CHUNK_PER_SQRT_K[mode] * math.sqrt(max(k, 1))
+    if split_k_shape(m, n, k):
+        chunk /= SPLIT_K_SHRINK
+    chunk = max(CHUNK_ALIGN, int(chunk) // CHUNK_ALIGN * CHUNK_ALIGN)
     return chunk if chunk < k else 0
+
+
+def default_chunk_sum(m: int, n: int, k: int, mode: str) -> str:
+    """How the chunks reach C (measured on the H200, docs/ape.md): one strided-batched GEMM and
+    an ordered sum kernel for FP32-T (TF32 GEMMs chained through beta = 1 ran 20 % slower at
+    8192^3) and on split-K shapes (many short chunks); else a chain of GEMMs with beta = 1."""
+    return "batched" if mode == "fp32-t" or split_k_shape(m, n, k) else "beta"
 
 
 MMA_MIN_TILES, MMA_MIN_N = 64, 256   # our kernel's 128 x 256 block tiles (FP32-F)
