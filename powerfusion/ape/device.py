@@ -6,16 +6,17 @@ host, decide) and allocates every buffer; `run()` then only launches kernels and
 on the current stream, so it can be captured into a CUDA graph and replayed while the
 operands' values change within the plan's ranges. `matmul` is the one-shot form.
 
-Engine "auto" (the default) runs "mma" wherever it applies (N % 8 == 0, enough shared memory
-on the device) and "cublas" elsewhere: "mma" is the engine measured within SGEMM's error at
-every K, "cublas" the faster one (docs/ape.md, "Which engine auto picks").
+Engine "auto" (the default) is the cuBLAS engine with `engine_choice.default_chunk`'s K
+chunks, and SGEMM itself where the emulation does not pay (`engine_choice.emulation_pays`):
+measured faster than "mma" at every benchmark shape and within SGEMM's error
+(docs/ape.md, "Which engine auto picks").
 
-On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
-[Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level first, all
-accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for FP32-F's
-cross terms). `k_chunk` splits each level's K into chunks computed as one strided-batched
-GEMM and added by a round-to-nearest kernel: it bounds how far the tensor cores' truncating
-accumulation runs (see docs/ape.md for what it costs and buys).
+On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T:
+Hi Hi, then [Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level
+first, all accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for
+FP32-F's cross terms). The top level runs in chunks of `k_chunk` columns of K, each chunk's sum
+added to C in round-to-nearest fp32, which bounds how far the tensor cores' truncating sum runs
+(`accumulation.py`); `k_chunk=0` runs it whole.
 """
 from __future__ import annotations
 
