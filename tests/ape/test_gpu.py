@@ -62,10 +62,11 @@ def _as_f32(bits, t):
     return bits
 
 
-def test_block_mask_kernel_matches_the_model():
+@pytest.mark.parametrize("cols", [517, 516])   # 516: rows 16-byte aligned, the float4 path
+def test_block_mask_kernel_matches_the_model(cols):
     from powerfusion.ape.device import block_mask_device
-    x = mixed_values((300, 517))
-    for block in (128, (64, 100), 7):
+    x = mixed_values((300, cols))
+    for block in (128, (64, 100), 7, (5, 8)):
         assert np.array_equal(block_mask_device(_cp().asarray(x), block), ape.block_mask(x, block))
 
 
