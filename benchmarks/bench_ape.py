@@ -4,7 +4,8 @@
 
 Cases: square GEMMs 1024^3 .. 8192^3, the GEMMs of BERT-base (8 x 512 tokens) and of
 ResNet-50 (batch 32, 3x3 / 1x1 convolutions as implicit GEMMs, and the classifier), each in
-SGEMM, TF32, FP32-F, FP32-T, FP32-B and auto; 8192^3 again with K split into chunks; the mixed
+SGEMM, TF32, FP32-F, FP32-T, FP32-B (default engine: cuBLAS with the top level in the default
+K chunks; and our own mma kernels) and auto; 8192^3 again with other chunks; the mixed
 case (0-100 % of K panels that need FP32-B; pure FP32-B vs mixed vs what auto picks); auto
 on data over the whole fp32 range; int16 from int8 vs an int32 CUDA-core GEMM.
 
@@ -33,9 +34,9 @@ RESNET = [("resnet conv2 3x3", 100352, 64, 576), ("resnet conv3 3x3", 25088, 128
           ("resnet conv4 3x3", 6272, 256, 2304), ("resnet conv5 3x3", 1568, 512, 4608),
           ("resnet conv2 1x1 up", 100352, 256, 64), ("resnet conv4 1x1 up", 6272, 1024, 256),
           ("resnet fc", 32, 1000, 2048)]
-# an emulated mode with ":engine" runs on that engine (our own mma kernels or cuBLAS)
-MODES = ("sgemm", "tf32", "fp32-f:mma", "fp32-f:cublas", "fp32-t:mma", "fp32-t:cublas", "fp32-b:mma",
-         "fp32-b:cublas", "auto")
+# an emulated mode with ":engine" runs on that engine (our own mma kernels); without, on the
+# default engine (cuBLAS, top level in engine_choice.default_chunk's K chunks)
+MODES = ("sgemm", "tf32", "fp32-f", "fp32-f:mma", "fp32-t", "fp32-t:mma", "fp32-b", "fp32-b:mma", "auto")
 
 
 def time_graph(fn, stream, target_s: float = 0.08) -> float:
@@ -104,8 +105,15 @@ def gemm_for(mode: str, a, b, out, k_chunk=None, speeds=None):
     if mode in ("sgemm", "tf32"):
         return baseline(mode, a, b, out), None
     mode, _, engine = mode.partition(":")
-    g = ApeGemm(a, b, mode, out, k_chunk=k_chunk, speeds=speeds, engine=engine or ("cublas" if k_chunk else "auto"))
+    g = ApeGemm(a, b, mode, out, k_chunk=k_chunk, speeds=speeds, engine=engine or ("cublas" if k_chunk is not None else "auto"))
     return g.run, g
+
+
+def chunk_label(g) -> str:
+    """The K chunks of an emulated GEMM's groups ("-" where a group runs its top level whole)."""
+    if g is None or not g.groups:
+        return ""
+    return "+".join(sorted({f"{grp.k_chunk} {grp.chunk_sum}" if grp.k_chunk else "-" for grp in g.groups}))
 
 
 def measure(case, a, b, stream, modes=MODES, k_chunk=None, speeds=None, exact=None) -> list[dict]:
@@ -121,7 +129,7 @@ def measure(case, a, b, stream, modes=MODES, k_chunk=None, speeds=None, exact=No
         with stream:
             fn()
         stream.synchronize()
-        rows.append({"case": case, "m": m, "n": n, "k": k, "mode": mode, "k_chunk": k_chunk,
+        rows.append({"case": case, "m": m, "n": n, "k": k, "mode": mode, "k_chunk": k_chunk, "chunks": chunk_label(g),
                      "engine": "+".join(sorted({grp.engine for grp in g.groups})) if g and g.groups else "cublas",
                      "plan": g.plan.kind if g else mode, "time_s": t, "tflops": 2 * m * n * k / t / 1e12,
                      "error": exact.error(out),
@@ -167,30 +175,30 @@ def chunk_cases(rng, stream, size: int, log) -> list[dict]:
     a, b = in_range_data(rng, (size, size)), in_range_data(rng, (size, size))
     exact = Exact(a, b)
     rows = measure(f"square {size}", a, b, stream, modes=("sgemm",), exact=exact)
-    for chunk in (2048, 4096):
+    for chunk in (0, 1024, 2048):
         new = measure(f"square {size}", a, b, stream, modes=("fp32-f", "fp32-t", "fp32-b"), k_chunk=chunk, exact=exact)
         for r in new:
             r["speedup_vs_sgemm"] = rows[0]["time_s"] / r["time_s"]
             r["error_vs_sgemm"] = r["error"] / rows[0]["error"]
         rows += new
-        log(f"chunk {chunk}", new)
+        log(f"chunk {chunk or 'none'}", new)
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
-def mma_breakdown(rng, stream, size: int, log) -> list[dict]:
-    """Engine "mma" at size^3: the split kernels and our tensor-core kernel timed apart."""
+def breakdown(rng, stream, size: int, log) -> list[dict]:
+    """The default engine at size^3: the split kernels and the GEMMs (with the chunk sums) timed apart."""
     import cupy as cp
     from powerfusion.ape.device import ApeGemm
     a, b = in_range_data(rng, (size, size)), in_range_data(rng, (size, size))
     out = cp.empty((size, size), cp.float32)
     rows = []
     for mode in ("fp32-f", "fp32-t", "fp32-b"):
-        g = ApeGemm(a, b, mode, out, engine="mma")
+        g = ApeGemm(a, b, mode, out)
         grp = g.groups[0]
         whole = time_graph(g.run, stream)
         splits = time_graph(lambda grp=grp: grp.split(a, b), stream)
-        row = {"case": f"square {size}", "mode": mode, "time_s": whole, "split_s": splits,
+        row = {"case": f"square {size}", "mode": mode, "engine": grp.engine, "chunks": chunk_label(g), "time_s": whole, "split_s": splits,
                "kernel_s": whole - splits, "kernel_tflops": 2 * size ** 3 * TYPES_PRODUCTS[mode] / (whole - splits) / 1e12}
         rows.append(row)
         log("breakdown", [row])
@@ -279,21 +287,22 @@ def int16_cases(rng, stream, sizes, log) -> list[dict]:
 
 def markdown(meta, res) -> str:
     lines = [f"# Ape GEMMs ({meta['device']}, {meta['date']}, commit {meta['commit']})", "",
-             "Time per call from CUDA-graph replay (split kernels + our mma kernel or cuBLAS calls; mode:engine names the engine); error = max over C of "
+             "Time per call from CUDA-graph replay (split kernels + cuBLAS calls, or our mma kernel where mode:mma says so; chunks: K per GEMM of the top level and how the chunks reach C); error = max over C of "
              "|C - C64| / (|A||B|) against float64; speedup and error ratio vs cuBLAS SGEMM on the same data.", "",
              "| case | M x N x K | mode | plan (engine) | time (ms) | TFLOP/s | speedup vs SGEMM | error | error / SGEMM's |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("gemm", []) + res.get("chunks", []) + res.get("full_range", []):
-        mode = r["mode"] + (f" (K chunk {r['k_chunk']})" if r.get("k_chunk") else "")
-        lines.append(f"| {r['case']} | {r['m']}x{r['n']}x{r['k']} | {mode} | {r['plan']} ({r.get('engine', 'cublas')}) | {r['time_s'] * 1e3:.3f} | "
+        mode = r["mode"] + (f" (K chunk {r['k_chunk'] or 'none'})" if r.get("k_chunk") is not None else "")
+        chunks = f", chunks {r['chunks']}" if r.get("chunks") and r.get("engine") == "cublas" else ""
+        lines.append(f"| {r['case']} | {r['m']}x{r['n']}x{r['k']} | {mode} | {r['plan']} ({r.get('engine', 'cublas')}{chunks}) | {r['time_s'] * 1e3:.3f} | "
                      f"{r['tflops']:.1f} | {r.get('speedup_vs_sgemm', float('nan')):.2f}x | {r['error']:.2e} | "
                      f"{r.get('error_vs_sgemm', float('nan')):.2f} |")
     if res.get("breakdown"):
-        lines += ["", "## Engine mma: split kernels vs our tensor-core kernel", "",
-                  "| case | mode | total (ms) | splits (ms) | kernel (ms) | kernel TFLOP/s of part products |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "## Default engine: split kernels vs GEMMs", "",
+                  "| case | mode | engine, chunks | total (ms) | splits (ms) | GEMMs (ms) | GEMM TFLOP/s of part products |",
+                  "|---|---|---|---|---|---|---|"]
         for r in res["breakdown"]:
-            lines.append(f"| {r['case']} | {r['mode']} | {r['time_s'] * 1e3:.3f} | {r['split_s'] * 1e3:.3f} | "
+            lines.append(f"| {r['case']} | {r['mode']} | {r.get('engine', 'mma')}, {r.get('chunks', '')} | {r['time_s'] * 1e3:.3f} | {r['split_s'] * 1e3:.3f} | "
                          f"{r['kernel_s'] * 1e3:.3f} | {r['kernel_tflops']:.0f} |")
     lines += ["", "## Mixed case (share of K panels needing FP32-B)", "",
               "| FP32-B panels | SGEMM (ms) | pure FP32-B (ms) | mixed (ms) | auto (ms) | auto's plan | auto error / SGEMM's |",
@@ -340,13 +349,13 @@ def main():
 
     def log(name, rows):
         for r in rows:
-            keys = ("mode", "engine", "plan", "time_s", "split_s", "kernel_s", "kernel_tflops", "speedup_vs_sgemm", "error", "error_vs_sgemm", "speedup", "bit_exact")
+            keys = ("mode", "engine", "chunks", "plan", "time_s", "split_s", "kernel_s", "kernel_tflops", "speedup_vs_sgemm", "error", "error_vs_sgemm", "speedup", "bit_exact")
             print(f"[{time.time() - t0:6.1f}s] {name}: " + ", ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float)
                                                                     else f"{k}={r[k]}" for k in keys if k in r), flush=True)
 
     big = 4096 if args.quick else 8192
     sections = {"gemm": lambda: gemm_cases(rng, stream, args.quick, log, args.square_only),
-                "breakdown": lambda: mma_breakdown(rng, stream, big, log),
+                "breakdown": lambda: breakdown(rng, stream, big, log),
                 "chunks": lambda: chunk_cases(rng, stream, big, log),
                 "full_range": lambda: full_range_case(rng, stream, 4096, log),
                 "mixed": lambda: mixed_curve(rng, stream, big, log),

@@ -6,16 +6,17 @@ host, decide) and allocates every buffer; `run()` then only launches kernels and
 on the current stream, so it can be captured into a CUDA graph and replayed while the
 operands' values change within the plan's ranges. `matmul` is the one-shot form.
 
-Engine "auto" (the default) runs "mma" wherever it applies (N % 8 == 0, enough shared memory
-on the device) and "cublas" elsewhere: "mma" is the engine measured within SGEMM's error at
-every K, "cublas" the faster one (docs/ape.md, "Which engine auto picks").
+Engine "auto" (the default) is the cuBLAS engine with `engine_choice.default_chunk`'s K
+chunks, and SGEMM itself where the emulation does not pay (`engine_choice.emulation_pays`):
+measured faster than "mma" at every benchmark shape and within SGEMM's error
+(docs/ape.md, "Which engine auto picks").
 
-On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T: Hi Hi, then
-[Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level first, all
-accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for FP32-F's
-cross terms). `k_chunk` splits each level's K into chunks computed as one strided-batched
-GEMM and added by a round-to-nearest kernel: it bounds how far the tensor cores' truncating
-accumulation runs (see docs/ape.md for what it costs and buys).
+On the cuBLAS engine, per emulated type, one GEMM per level of part products (FP32-F / FP32-T:
+Hi Hi, then [Hi Lo | Lo Hi] over 2K; FP32-B: three levels over K, 2K, 3K), smallest level
+first, all accumulating into C through beta = 1 with the level's scale as alpha (2^-12 for
+FP32-F's cross terms). The top level runs in chunks of `k_chunk` columns of K, each chunk's sum
+added to C in round-to-nearest fp32, which bounds how far the tensor cores' truncating sum runs
+(`accumulation.py`); `k_chunk=0` runs it whole.
 """
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ from .adapter import (
     decide,
     f_block_fraction,
     panel_classes,
+)
+from .engine_choice import (  # noqa: F401  (mma_fills, mma_applies: re-exported)
+    ENGINES,
+    default_chunk,
+    default_chunk_sum,
+    emulation_pays,
+    mma_applies,
+    mma_fills,
+    pick_engine,
 )
 from .reference import MASK_B, MASK_F, MASK_FP32, MODES, ApeError
 from .types import TYPES
@@ -61,27 +71,6 @@ def _mma_kernel(device_id: int, mode: str):
     return fn
 
 
-ENGINES = ("auto", "mma", "cublas")
-
-
-def mma_applies(n: int, k_chunk: int | None) -> bool:
-    """Whether our own tensor-core kernel can run a GEMM with N columns (its 16-byte loads of
-    B's rows need N % 8 == 0; K chunking belongs to the cuBLAS path)."""
-    return n % 8 == 0 and not k_chunk
-
-
-MMA_MIN_TILES, MMA_MIN_N = 64, 256   # our kernel's 128 x 256 block tiles (FP32-F)
-
-
-def mma_fills(m: int, n: int) -> bool:
-    """Whether a GEMM gives our kernel (no split-K) a grid worth its split kernels: N at least one
-    block tile wide and at least MMA_MIN_TILES output tiles. Measured on the H200 (docs/ape.md):
-    every benchmark GEMM that fails this ran slower than SGEMM on the mma engine (ResNet-50's
-    classifier 32 x 1000: 0.06x; its 3x3 convs with N = 64 ... 512 over 26-49 tiles: 0.28-0.60x;
-    1024^3, 32 tiles: 0.48x), every one that passes ran 1.09-1.67x SGEMM."""
-    return n >= MMA_MIN_N and -(-m // 128) * -(-n // 256) >= MMA_MIN_TILES
-
-
 @functools.cache
 def _smem_optin(device_id: int) -> int:
     import cupy
@@ -93,17 +82,6 @@ def mma_fits(mode: str) -> bool:
     three; sm_80's 163 KiB: FP32-F only)."""
     import cupy
     return mma.smem_bytes(mode) <= _smem_optin(cupy.cuda.Device().id)
-
-
-def pick_engine(engine: str, n: int, k_chunk: int | None) -> str:
-    """The engine a GEMM with N columns runs on ("auto": "mma" where it applies)."""
-    if engine not in ENGINES:
-        raise ApeError(f"unknown Ape engine {engine!r}; expected one of {', '.join(ENGINES)}")
-    if engine == "mma" and not mma_applies(n, k_chunk):
-        raise ApeError(f"Ape engine 'mma' needs N % 8 == 0 and no k_chunk, got N = {n}, k_chunk = {k_chunk}")
-    if engine == "auto":
-        return "mma" if mma_applies(n, k_chunk) else "cublas"
-    return engine
 
 
 def _launch(name: str, total: int, args) -> None:
@@ -133,11 +111,16 @@ def _check(a, b, mode: str, out):
                        f"got {out.dtype} {out.shape}")
 
 
+CHUNK_SUMS = ("beta", "batched")
+
+
 class _EmulatedGroup:
     """The K panels of one emulated type: their split buffers and part GEMMs (cuBLAS, one per
-    level) or our own tensor-core kernel (engine "mma", K padded to its k-tile)."""
+    level, the top level in K chunks) or our own tensor-core kernel (engine "mma", K padded to
+    its k-tile)."""
 
-    def __init__(self, letter: str, a, b, panels: np.ndarray | None, k_chunk: int | None, engine: str = "cublas"):
+    def __init__(self, letter: str, a, b, panels: np.ndarray | None, k_chunk: int | None, engine: str = "cublas",
+                 chunk_sum: str | None = None):
         import cupy
         self.letter, self.t = letter, TYPES[f"fp32-{letter}"]
         if engine == "mma" and not mma_fits(self.t.name):
@@ -152,9 +135,16 @@ class _EmulatedGroup:
         p, dt = self.t.parts, _PART_DTYPE[letter]
         self.a_parts = cupy.empty((self.m, p * self.kp), dt)
         self.b_parts = cupy.empty((p * self.kp, self.n), dt)
-        self.k_chunk = k_chunk if (k_chunk and self.kp % k_chunk == 0 and self.kp > k_chunk) else None
-        levels = len(self.t.levels)
-        self.chunks = cupy.empty((levels * self.kp // self.k_chunk, self.m, self.n), np.float32) if self.k_chunk else None
+        if k_chunk is None:
+            k_chunk = default_chunk(self.m, self.n, self.kp, self.t.name)
+        self.k_chunk = k_chunk if (engine == "cublas" and k_chunk and self.kp > k_chunk) else None
+        chunk_sum = chunk_sum or default_chunk_sum(self.m, self.n, self.kp, self.t.name)
+        # "batched": the chunks of the top level as one strided-batched GEMM into a buffer of
+        # chunk products, added by a kernel; needs equal chunks. "beta": one GEMM per chunk
+        # adding into C through beta = 1 (cuBLAS's epilogue: one fp32 FMA, round to nearest).
+        self.chunk_sum = "batched" if (chunk_sum == "batched" and self.k_chunk and self.kp % self.k_chunk == 0) else "beta"
+        self.chunks = (cupy.empty((self.kp // self.k_chunk, self.m, self.n), np.float32)
+                       if self.k_chunk and self.chunk_sum == "batched" else None)
 
     def split(self, a, b) -> None:
         """The split kernels: A's and B's parts into this group's buffers."""
@@ -178,24 +168,41 @@ class _EmulatedGroup:
             return False
         blas = cublas.handle_for(c.device.id)
         blas.bind(cupy.cuda.get_current_stream())
-        p, item = self.t.parts, self.a_parts.itemsize
-        for level in reversed(range(len(self.t.levels))):
-            kl = (level + 1) * self.kp
-            a_op = cublas.Operand(self.a_parts.data.ptr, p * self.kp, self.k_chunk or 0)
-            b_ptr = self.b_parts.data.ptr + (p - 1 - level) * self.kp * self.n * item
-            b_op = cublas.Operand(b_ptr, self.n, (self.k_chunk or 0) * self.n)
-            scale = self.t.level_scale[level]
-            if self.k_chunk:
-                nb = kl // self.k_chunk
-                w = cublas.Operand(self.chunks.data.ptr, self.n, self.m * self.n)
-                blas.gemm(_GEMM_TYPE[self.letter], self.m, self.n, self.k_chunk, a_op, b_op, w, batch=nb)
-                _launch("ape_reduce_chunks", self.m * self.n, (self.chunks, np.int32(nb), _i64(self.m * self.n),
-                                                              np.float32(scale), np.int32(not first), c))
+        for level in reversed(range(len(self.t.levels))):   # smallest level first
+            if level == 0 and self.k_chunk:
+                self._top_in_chunks(blas, c, first)
             else:
-                blas.gemm(_GEMM_TYPE[self.letter], self.m, self.n, kl, a_op, b_op,
-                          cublas.Operand(c.data.ptr, self.n), alpha=scale, beta=0.0 if first else 1.0)
+                a_op, b_op = self._operands(level, 0)
+                blas.gemm(_GEMM_TYPE[self.letter], self.m, self.n, (level + 1) * self.kp, a_op, b_op,
+                          cublas.Operand(c.data.ptr, self.n), alpha=self.t.level_scale[level], beta=0.0 if first else 1.0)
             first = False
         return first
+
+    def _operands(self, level: int, k0: int, batch_k: int = 0) -> tuple:
+        """A's and B's operands of a level's GEMM from column / row k0 of the level's K."""
+        p, item = self.t.parts, self.a_parts.itemsize
+        a_op = cublas.Operand(self.a_parts.data.ptr + k0 * item, p * self.kp, batch_k)
+        b_ptr = self.b_parts.data.ptr + ((p - 1 - level) * self.kp + k0) * self.n * item
+        return a_op, cublas.Operand(b_ptr, self.n, batch_k * self.n)
+
+    def _top_in_chunks(self, blas, c, first: bool) -> None:
+        """The top level (Hi Hi, scale 1) as GEMMs of k_chunk columns of K, each chunk's sum
+        added to C in round-to-nearest fp32: no truncating tensor-core sum runs over more than
+        k_chunk products (docs/ape.md, "Why the cuBLAS engine's error exceeded SGEMM's")."""
+        gt, kc = _GEMM_TYPE[self.letter], self.k_chunk
+        if self.chunk_sum == "batched":
+            nb = self.kp // kc
+            a_op, b_op = self._operands(0, 0, kc)
+            blas.gemm(gt, self.m, self.n, kc, a_op, b_op, cublas.Operand(self.chunks.data.ptr, self.n, self.m * self.n),
+                      batch=nb)
+            _launch("ape_reduce_chunks", self.m * self.n, (self.chunks, np.int32(nb), _i64(self.m * self.n),
+                                                          np.float32(1.0), np.int32(not first), c))
+            return
+        for k0 in range(0, self.kp, kc):
+            a_op, b_op = self._operands(0, k0)
+            blas.gemm(gt, self.m, self.n, min(kc, self.kp - k0), a_op, b_op, cublas.Operand(c.data.ptr, self.n),
+                      beta=0.0 if first else 1.0)
+            first = False
 
 
 def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
@@ -213,10 +220,14 @@ class ApeGemm:
     """A planned fp32 Ape GEMM with its buffers; `run()` is graph-capturable."""
 
     def __init__(self, a, b, mode: str = "auto", out=None, *, k_chunk: int | None = None,
-                 speeds: Speeds | None = None, engine: str = "auto"):
+                 speeds: Speeds | None = None, engine: str = "auto", chunk_sum: str | None = None):
         import cupy
         _check(a, b, mode, out)
-        self.engine = pick_engine(engine, b.shape[1], k_chunk)
+        if k_chunk is not None and (not isinstance(k_chunk, (int, np.integer)) or k_chunk < 0):
+            raise ApeError(f"k_chunk must be a non-negative int (None: the engine's default, 0: none), got {k_chunk!r}")
+        if chunk_sum is not None and chunk_sum not in CHUNK_SUMS:
+            raise ApeError(f"unknown chunk_sum {chunk_sum!r}; expected one of {', '.join(CHUNK_SUMS)}")
+        self.engine = pick_engine(engine, b.shape[1], k_chunk, ApeError)
         self.engine_picked = engine == "auto"   # not asked for by name: SGEMM may run instead
         self.a, self.b = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
         self.m, self.k = a.shape
@@ -226,14 +237,14 @@ class ApeGemm:
         self.groups, self.fp32_runs = [], []
         npanels = -(-self.k // PANEL)
         if self.plan.kind in ("fp32-f", "fp32-t", "fp32-b") and mode != "auto":
-            self.groups.append(_EmulatedGroup(self.plan.kind[-1], self.a, self.b, None, k_chunk, self.engine))
+            self.groups.append(_EmulatedGroup(self.plan.kind[-1], self.a, self.b, None, k_chunk, self.engine, chunk_sum))
             return
         for cls in (MASK_B, MASK_F):
             idx = self.plan.panels(cls)
             if idx.size:
                 whole = idx.size == npanels and self.k % PANEL == 0
                 self.groups.append(_EmulatedGroup(_KIND_LETTER[cls], self.a, self.b, None if whole else idx, k_chunk,
-                                                  self.engine))
+                                                  self.engine, chunk_sum))
         self.fp32_runs = _runs(self.plan.panels(MASK_FP32))
 
     def _plan(self, mode: str, speeds: Speeds | None) -> Plan:
@@ -242,7 +253,7 @@ class ApeGemm:
             return Plan("fp32", (MASK_FP32,) * npanels, float("nan"), float("nan"))
         if mode != "auto":
             return Plan(mode, (MASK_F if mode == "fp32-f" else MASK_B,) * npanels, float("nan"), float("nan"))
-        if self.engine_picked and self.engine == "mma" and not mma_fills(self.m, self.n):   # SGEMM is faster, exact
+        if self.engine_picked and not emulation_pays(self.engine, self.m, self.n, self.k):   # SGEMM is faster, exact
             return Plan("fp32", (MASK_FP32,) * npanels, float("nan"), float("nan"))
         mask_a, mask_b = scan_masks(self.a, self.b)
         cls = panel_classes(mask_a.max(axis=0), mask_b.max(axis=1))

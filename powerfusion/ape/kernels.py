@@ -98,28 +98,46 @@ extern "C" __global__ void ape_split_%(t)s_b(const float* b, long long k, long l
 _OTHERS = r"""
 // Ape's getMask: per block of rows x cols the largest element class
 // (0 FP32-F incl. zero, 1 FP32-B, 2 fp32: Inf, NaN, |x| < 2^-110, |x| >= 2^127)
+__device__ __forceinline__ int elem_class(float x) {
+    u32 u = __float_as_uint(x);
+    int e = (u >> 23) & 0xff;
+    return (u & 0x7fffffffu) == 0 ? 0 : (e < 17 || e >= 254) ? 2 : (e < 113 || e >= 142) ? 1 : 0;
+}
+__device__ __forceinline__ int max4_class(float4 v) {
+    return max(max(elem_class(v.x), elem_class(v.y)), max(elem_class(v.z), elem_class(v.w)));
+}
 extern "C" __global__ void ape_block_mask(const float* x, long long rows, long long cols, long long ld,
         int br, int bc, signed char* mask) {
     long long r0 = (long long)blockIdx.y * br, c0 = (long long)blockIdx.x * bc;
+    int nrows = (int)min((long long)br, rows - r0), ncols = (int)min((long long)bc, cols - c0);
+    // 16-byte loads where every row of the block starts 16-byte aligned (a memory-bound scan:
+    // four times fewer loads in flight per element than scalar ones)
+    bool vec = ((ld | c0 | bc) & 3) == 0 && (((unsigned long long)x) & 15) == 0;
+    int per_row = vec ? (ncols + 3) / 4 : ncols;
     int cls = 0;
-    for (int i = threadIdx.x; i < br * bc; i += blockDim.x) {
-        long long r = r0 + i / bc, c = c0 + i %% bc;
-        if (r >= rows || c >= cols) continue;
-        u32 u = __float_as_uint(x[r * ld + c]);
-        int e = (u >> 23) & 0xff;
-        int v = (u & 0x7fffffffu) == 0 ? 0 : (e < 17 || e >= 254) ? 2 : (e < 113 || e >= 142) ? 1 : 0;
-        cls = v > cls ? v : cls;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
+        int rr = i / per_row, cc = i - rr * per_row;
+        const float* p = x + (r0 + rr) * ld + c0;
+        if (!vec) {
+            cls = max(cls, elem_class(p[cc]));
+        } else if (4 * cc + 4 <= ncols) {
+            cls = max(cls, max4_class(*(const float4*)(p + 4 * cc)));
+        } else {
+            for (int j = 4 * cc; j < ncols; ++j) cls = max(cls, elem_class(p[j]));
+        }
     }
     int any1 = __syncthreads_or(cls >= 1), any2 = __syncthreads_or(cls >= 2);
     if (threadIdx.x == 0) mask[(long long)blockIdx.y * gridDim.x + blockIdx.x] = any2 ? 2 : any1 ? 1 : 0;
 }
 
-// C = alpha * sum_b W[b] (+ C): the partial GEMMs of K chunks added in round-to-nearest
+// C = (((C) + alpha W[0]) + alpha W[1]) + ...: the GEMMs of K chunks added to C in
+// round-to-nearest, one at a time, in the order of the beta = 1 chain they replace
 extern "C" __global__ void ape_reduce_chunks(const float* w, int nb, long long mn, float alpha, int accumulate, float* c) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < mn; i += (long long)gridDim.x * blockDim.x) {
-        float s = 0.f;
-        for (int b = 0; b < nb; ++b) s += w[b * mn + i];
-        c[i] = accumulate ? c[i] + alpha * s : alpha * s;
+        float s = accumulate ? c[i] : 0.f;
+        for (int b = 0; b < nb; ++b) s = __fadd_rn(s, __fmul_rn(alpha, w[b * mn + i]));
+        c[i] = s;
     }
 }
 

@@ -2,7 +2,8 @@
 the emulated product of the split parts, with round-to-nearest fp32 accumulation.
 
 Why our own kernel: cuBLAS sums each GEMM's K in one tensor-core accumulator, which truncates
-every partial sum, and that error grows with K (docs/ape.md). Here, per k-tile of BK = 32, each
+every partial sum, and that error grows with K (docs/ape.md; the cuBLAS engine bounds it with
+K chunks of the top level, at some cost in speed). Here, per k-tile of BK = 32, each
 output tile's part products are summed from zero on the tensor cores (mma.sync: m16n8k16 fp16 /
 bf16, m16n8k8 TF32; FP32-F's 2^-12-scaled cross terms in a second sum, folded in with one FFMA)
 and the tile's sum is added to fp32 registers with an ordinary round-to-nearest FADD. No

@@ -21,6 +21,7 @@ import numpy as np
 
 from powerfusion.errors import PowerFusionError
 
+from .accumulation import TC_STEP, tc_matmul
 from .types import FP32_B, FP32_F, TYPES, EmulatedType, split, split_int16
 
 MASK_F, MASK_B, MASK_FP32 = 0, 1, 2
@@ -77,17 +78,34 @@ def _check_operands(a: np.ndarray, b: np.ndarray, mode: str) -> None:
         raise ApeError(f"Ape matmul needs 2-D operands (M, K) x (K, N), got {a.shape} x {b.shape}")
 
 
-def emulated_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType) -> np.ndarray:
-    """C = A B in emulated type `t`: one fp32 GEMM per level of part products, added smallest
-    level first, each scaled by its level's factor."""
+def _level_gemm(t: EmulatedType, truncate: bool):
+    """One GEMM of part products: numpy's fp32 GEMM (round to nearest) or the tensor cores'
+    truncating sum (`accumulation.tc_matmul`)."""
+    if not truncate:
+        return lambda lhs, rhs: (lhs @ rhs).astype(np.float32)
+    step = TC_STEP[t.part_dtype]
+    return lambda lhs, rhs: tc_matmul(lhs, rhs, step)
+
+
+def emulated_matmul(a: np.ndarray, b: np.ndarray, t: EmulatedType, k_chunk: int | None = None,
+                    truncate: bool = False) -> np.ndarray:
+    """C = A B in emulated type `t`: one GEMM per level of part products, added smallest level
+    first, each scaled by its level's factor (the cuBLAS engine's order). `k_chunk`: the top
+    level (Hi Hi, the only one whose accumulation error reaches C's last bits) runs as GEMMs of
+    `k_chunk` columns of K, each added to C in round-to-nearest fp32 (the device's beta = 1).
+    `truncate`: every GEMM sums as the tensor cores do (`accumulation`)."""
     pa, pb = split(a, t), split(b, t)
+    gemm = _level_gemm(t, truncate)
     c = None
     with np.errstate(over="ignore", invalid="ignore"):
-        for level, scale in reversed(list(zip(t.levels, t.level_scale))):
+        for index, (level, scale) in reversed(list(enumerate(zip(t.levels, t.level_scale)))):
             lhs = np.concatenate([pa[i] for i, _ in level], axis=1)
             rhs = np.concatenate([pb[j] for _, j in level], axis=0)
-            term = (lhs @ rhs) * np.float32(scale)
-            c = term if c is None else (term + c).astype(np.float32)
+            k = lhs.shape[1]
+            step = k_chunk if (index == 0 and k_chunk) else max(k, 1)
+            for k0 in range(0, max(k, 1), step):
+                term = gemm(lhs[:, k0:k0 + step], rhs[k0:k0 + step]) * np.float32(scale)
+                c = term if c is None else (term + c).astype(np.float32)
     return c.astype(np.float32)
 
 
@@ -140,17 +158,28 @@ def int16_combine(hh, cross, ll, row_sum_a, col_sum_b, k: int) -> np.ndarray:
     return total.view(np.int32)
 
 
-def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f", order: str = "levels") -> np.ndarray:
+def reference_matmul(a: np.ndarray, b: np.ndarray, mode: str = "fp32-f", order: str = "levels", *,
+                     k_chunk: int | None = None, truncate: bool = False) -> np.ndarray:
     """The numpy model of `powerfusion.ape.matmul`: fp32 inputs in "fp32-f" / "fp32-t" /
     "fp32-b" / "fp32" (plain fp32 GEMM) / "auto" (K panels of 128 mixed as the adapter's
     mixed plan does: FP32-F where both operands' panels allow it, else FP32-B, else fp32);
-    int16 inputs -> int32 (mode ignored). `order`: "levels" models the cuBLAS path (one fp32
-    GEMM per level), "mma" our own tensor-core kernels (`mma_matmul`)."""
+    int16 inputs -> int32 (mode ignored). `order`: "levels" models the cuBLAS engine (one GEMM
+    per level; `k_chunk`: the top level in chunks of K added in fp32; `truncate`: each GEMM
+    sums as the tensor cores do, see `emulated_matmul`), "mma" our own tensor-core kernels
+    (`mma_matmul`)."""
     a, b = np.asarray(a), np.asarray(b)
     _check_operands(a, b, mode)
     if order not in ORDERS:
         raise ApeError(f"unknown accumulation order {order!r}; expected one of {', '.join(ORDERS)}")
-    emulated = mma_matmul if order == "mma" else emulated_matmul
+    if k_chunk is not None and (not isinstance(k_chunk, (int, np.integer)) or k_chunk < 0):
+        raise ApeError(f"k_chunk must be a non-negative int (0 or None: one GEMM per level), got {k_chunk!r}")
+    if order == "mma" and (k_chunk or truncate):
+        raise ApeError("k_chunk and truncate model the cuBLAS engine (order='levels'), not order='mma'")
+
+    def emulated(x, y, t):
+        if order == "mma":
+            return mma_matmul(x, y, t)
+        return emulated_matmul(x, y, t, k_chunk=k_chunk or None, truncate=truncate)
     if a.dtype == np.int16 and b.dtype == np.int16:
         return int16_matmul(a, b)
     if a.dtype != np.float32 or b.dtype != np.float32:

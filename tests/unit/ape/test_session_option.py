@@ -229,7 +229,7 @@ def test_auto_plans_again_when_the_data_leaves_the_planned_range():
     """First run in FP32-F's range: planned FP32-F; then values near 2^20, where FP32-F's split
     overflows: the session plans again (FP32-B) instead of returning Inf."""
     rng = np.random.default_rng(4)
-    # a grid the mma engine fills (64 tiles of 128 x 256: device.mma_fills), else auto runs SGEMM
+    # M, N and K all >= 256 (engine_choice.cublas_pays), else auto runs SGEMM
     sess = _session(matmul_model((1024, 256), (256, 2048), (1024, 2048)), "auto")
     # magnitudes in [0.5, 2), random signs: every block inside FP32-F's range [2^-14, 2^15)
     a = (rng.uniform(0.5, 2.0, (1024, 256)) * rng.choice([-1, 1], (1024, 256))).astype(np.float32)
