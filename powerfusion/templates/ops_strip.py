@@ -153,7 +153,7 @@ def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: i
     which the compiler loads once)."""
     w = ctx.node.inputs[1]
     if isinstance(ctx.node.op, B.Involution):
-        return _position_kernels(em, ctx, t, K, W, vec), None
+        return _position_kernels(em, ctx, g, t, K, W, vec), None
     bias = ctx.node.inputs[2] if len(ctx.node.inputs) > 2 else None
     co = (t.r // g.OH) % g.Cout
     if "j" not in variables(co):
@@ -173,17 +173,19 @@ def _weights(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: i
     return rw, rbias
 
 
-def _position_kernels(em: Emitter, ctx: Ctx, t: _Tiling, K: int, W: int, vec: int) -> MemorySlice:
-    """An involution's K taps of each output position's kernel as a K x W register tile: vector
-    loads along the row where the lane's outputs are consecutive in j (rows layout), else one
-    element each."""
+def _position_kernels(em: Emitter, ctx: Ctx, g: _Conv, t: _Tiling, K: int, W: int, vec: int) -> MemorySlice:
+    """An involution's K taps of each output position's kernel as a K x W register tile, one
+    vector load per tap and lane: a lane's vec outputs are consecutive positions of one row
+    (flat layout: OW % vec == 0; rows layout: consecutive in j), so their kernels are
+    consecutive too (a vector slice's index is evaluated at the lane's first element). One
+    element each otherwise."""
     from powerfusion.templates.ops_matmul import _involution_product
     pr = _involution_product(ctx)
     out_dims, red_dims = tuple(range(pr.n_out)), tuple(range(pr.n_out, len(pr.space)))
     pieces = [(t.r, out_dims[:-1]), (t.ow, out_dims[-1:]), (I, red_dims)]
     cs = coords(pieces, pr.space)
     index = pr.b.index(cs)
-    gvec = vec if affine_coefficient(index, "j") == 1 else 1
+    gvec = vec if g.OW % vec == 0 or affine_coefficient(index, "j") == 1 else 1
     rw = em.reg("w", K, W, reg_dtype(ctx.tensors[pr.b.tensor].dtype), vec)
     em.op(Move(), [em.gslice(pr.b.tensor, index, K, W, gvec, t.tail)], [rw])
     return rw

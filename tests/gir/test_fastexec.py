@@ -108,6 +108,20 @@ def _conv_stencil_cases():
     return out
 
 
+def _involution_cases():
+    """A 3x3 involution over 2 groups at stride 1 (rows of 8: flat strip, vector kernel loads) and
+    a 5x5 one at stride 2 with dilation 2 (element loads)."""
+    out = []
+    for shape, k, g, s, d in [((2, 4, 6, 8), 3, 2, 1, 1), ((1, 4, 11, 13), 5, 4, 2, 2)]:
+        p = d * (k - 1) // 2
+        oh, ow = ((n + 2 * p - d * (k - 1) - 1) // s + 1 for n in shape[2:])
+        b = GraphBuilder("inv", 3)
+        x, kern = b.input("x", shape), b.input("kern", (shape[0], g, k * k, oh, ow))
+        b.op(B.Involution((k, k), (s, s), (d, d), (p, p), (p, p)), [x, kern])
+        out.append(b.build())
+    return out
+
+
 TEMPLATE_CASES = {  # one case (or more) per basic op kind that has templates, tails included
     B.Elementwise: [_one(B.Elementwise("add"), [(5, 70), (5, 70)]), _one(B.Elementwise("tanh"), [(6, 40)], "float16"),
                     _one(B.Elementwise("cast", (("to", np.dtype("float16")),)), [(4, 33)])],
@@ -125,6 +139,7 @@ TEMPLATE_CASES = {  # one case (or more) per basic op kind that has templates, t
                _one(B.Reduce("sum", (0, 2), False), [(4, 6, 5)], "float16")],
     B.MatMul: [_one(B.MatMul(False, False), [(1, 40), (40, 24)]), _one(B.MatMul(True, False), [(40, 1), (40, 24)])],
     B.Conv: [_conv_case(), *_conv_stencil_cases()],
+    B.Involution: _involution_cases(),
 }
 
 

@@ -555,7 +555,7 @@ def _aligned(index: Expr, vec: int) -> bool:
     if variables(index) - {"u", "i", "j", "ri"}:   # ri: a streamed loop's row (streaming.py)
         return False
     if affine_coefficient(index, "j") != 1:
-        return False
+        return _lane_vector(index, vec)
     rest = substitute(index, {"j": Const(0)})
     cu, ci = affine_coefficient(rest, "u"), affine_coefficient(rest, "i")
     if cu is not None and ci is not None:
@@ -575,6 +575,35 @@ def vector_copy_ok(src: MemorySlice, dst: MemorySlice, lanes: int) -> bool:
             and _aligned(src.index, vec) and _aligned(dst.index, vec))
 
 
+def _lane_vector(index: Expr, vec: int) -> bool:
+    """index = rest + j % vec, j in rest only as j // vec, rest a multiple of vec by its form: a
+    lane's vec elements (j0 ... j0 + vec - 1, j0 a multiple of vec) are then consecutive from an
+    aligned start, whatever rest does between lanes (a flat tiling's lanes may cross rows and
+    planes: an involution's per-position kernels, docs/gir.md)."""
+    terms = _add_terms(index)
+    lane = BinOp("mod", J, Const(vec))
+    if terms.count(lane) != 1:
+        return False
+    rest = [t for t in terms if t != lane]
+    quotient = BinOp("floordiv", J, Const(vec))
+    return all(_j_only_as(t, quotient) and _multiple_of(t, vec) for t in rest)
+
+
+def _add_terms(e: Expr) -> list[Expr]:
+    if isinstance(e, BinOp) and e.op == "add":
+        return _add_terms(e.a) + _add_terms(e.b)
+    return [e]
+
+
+def _j_only_as(e: Expr, quotient: Expr) -> bool:
+    """Does j occur in `e` only inside `quotient` (j // vec)?"""
+    if e == quotient or "j" not in variables(e):
+        return True
+    if isinstance(e, BinOp):
+        return _j_only_as(e.a, quotient) and _j_only_as(e.b, quotient)
+    return False
+
+
 def _multiple_of(e: Expr, n: int) -> bool:
     """Is e a multiple of n for every value of its variables (judged by its form)?"""
     if isinstance(e, Const):
@@ -584,6 +613,8 @@ def _multiple_of(e: Expr, n: int) -> bool:
             return _multiple_of(e.a, n) and _multiple_of(e.b, n)
         if e.op == "mul":
             return _multiple_of(e.a, n) or _multiple_of(e.b, n)
+        if e.op == "mod":   # a - floor(a / b) * b
+            return _multiple_of(e.a, n) and _multiple_of(e.b, n)
     return False
 
 
