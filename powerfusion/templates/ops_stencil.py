@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from powerfusion import basic as B
-
 from powerfusion.gir.expr import Expr, I, J, U, const
 from powerfusion.gir.ir import Elementwise, Level, MemorySlice, Move, Parallel, Reduce, Scope, Sync
 from powerfusion.templates.common import Candidate, Ctx, Emitter, Infeasible, and_, builds, in_range, reg_dtype
@@ -129,9 +128,8 @@ def conv_stencil(ctx: Ctx) -> list[Candidate]:
     if ys[3] < ctx.lanes:
         points.append(StencilParams("flat", 1))
     out = []
-    name = "involution.stencil" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.stencil"
     for p in points:
-        c = Candidate(name, p, ctx, _build)
+        c = Candidate(_name(ctx), p, ctx, _build)
         if builds(c):
             out.append(c)
     return out
@@ -179,8 +177,11 @@ def _build(ctx: Ctx, p: StencilParams):
         em.op(Elementwise("add"), [seen, rbias], [tot])
         seen = tot
     em.op(Move(), [seen], [em.gslice(y, q, 1, g.W, p.vec, tail)])
-    return em.graph(Parallel(g.units, g.G, ctx.lanes),
-                    "involution.stencil" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.stencil")
+    return em.graph(Parallel(g.units, g.G, ctx.lanes), _name(ctx))
+
+
+def _name(ctx: Ctx) -> str:
+    return "involution.stencil" if isinstance(ctx.node.op, B.Involution) else "conv.depthwise.stencil"
 
 
 def _stage_num(g: _Geometry) -> int:
