@@ -308,7 +308,17 @@ def evaluate_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
 
 def injective_exactly(w: MemorySlice, w_units, parallel: Parallel, buffers=None) -> bool:
     """`_injective` over every unit, however many (no sample): for rules that must be exact."""
-    return _injective_on(w, np.asarray(w_units, np.int64), parallel, buffers, sample=False)
+    w_units = np.asarray(w_units, np.int64)
+    if _slice_loads(w):   # the answer depends on the data: not memoised
+        return _injective_on(w, w_units, parallel, buffers, sample=False)
+    key = (w, parallel, units_key(w_units))
+    hit = _INJECTIVE_EXACTLY.get(key, _MISS)
+    if hit is _MISS:
+        hit = _INJECTIVE_EXACTLY.put(key, _injective_on(w, w_units, parallel, None, sample=False))
+    return hit
+
+
+_INJECTIVE_EXACTLY = _Memo(1024)   # the split rule confirms the same writers again after other rewrites
 
 
 def grid(units, num, width):
