@@ -18,6 +18,7 @@ import numpy as np
 from powerfusion.gir.expr import (BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads,
                                   substitute, variables)
 from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key
+from powerfusion.gir.periodic import deciding_units
 
 _ADDR = Var("addr")
 
@@ -86,8 +87,11 @@ def _extents(w: MemorySlice, w_units, buffers) -> tuple[int, int]:
     """num and width as far as the valid mask lets the writer write (a masked tail is no digit)."""
     if w.valid is None or len(w_units) == 0:
         return w.num, w.width
+    w_units = np.asarray(w_units, np.int64)
+    deciding = deciding_units(w_units, [w.valid], w.num, w.width)   # every unit's mask is one of theirs
+    w_units = w_units if deciding is None else deciding
     try:
-        m = w.mask(np.asarray(w_units), buffers).reshape(len(w_units), w.num, w.width)
+        m = w.mask(w_units, buffers).reshape(len(w_units), w.num, w.width)
     except KeyError:
         return w.num, w.width
     rows, cols = np.nonzero(m.any(axis=(0, 2)))[0], np.nonzero(m.any(axis=(0, 1)))[0]
@@ -465,11 +469,15 @@ def _digit_expr(var: Expr, lo: int, hi: int | None, extent: int) -> Expr:
 
 def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None) -> Expr | None:
     """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
-    shape = (len(units), num, width)
     env = grid(units, num, width)
-    full = _full(evaluate(e, env, buffers), shape)
+    full: list = []   # e over the whole grid, evaluated once and only for a chain that fits its sampled rows
+
+    def values() -> np.ndarray:
+        if not full:
+            full.append(_full(evaluate(e, env, buffers), (len(units), num, width)))
+        return full[0]
     for factors in _chain_sources(_all_divisors(e)):
-        f = _fit_chain(list(factors), env, full, units, num, width, where)
+        f = _fit_chain(list(factors), e, env, values, units, num, width, where, buffers)
         if f is not None:
             return f
     return None
@@ -496,13 +504,17 @@ def _chain_sources(divisors: set[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def _fit_chain(factors: list[int], env, full, units, num: int, width: int, where: np.ndarray) -> Expr | None:
-    """_fit with the digits of u, i and j cut at the radix chain `factors` gives."""
-    shape = full.shape
+def _fit_chain(factors: list[int], e: Expr, env, values, units, num: int, width: int, where: np.ndarray,
+               buffers=None) -> Expr | None:
+    """_fit with the digits of u, i and j cut at the radix chain `factors` gives. The form is
+    solved on sampled elements, where `e` is evaluated alone; only a form that holds there is
+    checked on every element (`values()`: e over the whole grid)."""
+    shape = (len(units), num, width)
     # A digit depends on one axis only, so its values are computed on that axis and broadcast
     # (or picked at the sampled elements) instead of over every element (the same numbers).
-    dense = full.size > 0 and bool(where.all())
-    target = full if dense else full[where]
+    size = len(units) * num * width
+    dense = size > 0 and bool(where.all())
+    target_size = size if dense else int(np.count_nonzero(where))
     # the axis positions holding a selected element: each digit's extent is the largest seen there
     present = None if dense else (where.any(axis=(1, 2)), where.any(axis=(0, 2)), where.any(axis=(0, 1)))
     digits = []   # (var, lo, hi, extent used, values along its axis, axis)
@@ -515,16 +527,21 @@ def _fit_chain(factors: list[int], env, full, units, num: int, width: int, where
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo, axis))
-    rows = np.arange(target.size)
-    if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
-        rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
+    rows = np.arange(target_size)
+    if target_size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
+        rows = np.random.default_rng(0).choice(target_size, min(target_size, 4 * (len(digits) + 1) + 64), replace=False)
     # element r of the flattened grid is (r // (num*width), r // width % num, r % width)
     flat = rows if dense else np.flatnonzero(where.reshape(-1))[rows]
     at = (flat // (num * width), flat // width % num, flat % width)
     cols = [d[4][at[d[5]]] for d in digits]
-    sample = target.reshape(-1)[rows]
+    sample = np.broadcast_to(evaluate(e, {"u": env["u"].reshape(-1)[at[0]], "i": at[1], "j": at[2]}, buffers),
+                             rows.shape).astype(np.int64)
     A = np.stack([np.ones(rows.size)] + [c.astype(np.float64) for c in cols], axis=1)
     coef = np.rint(np.linalg.lstsq(A, sample.astype(np.float64), rcond=None)[0]).astype(np.int64)
+    if not np.array_equal(A @ coef.astype(np.float64), sample.astype(np.float64)):
+        return None   # wrong on the sampled elements already: no need to look at the others
+    full = values()
+    target = full if dense else full[where]
     got = np.full(shape, coef[0], np.int64)
     for d, c in zip(digits, coef[1:]):
         if c:
