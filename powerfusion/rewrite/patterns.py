@@ -467,14 +467,17 @@ def _digit_expr(var: Expr, lo: int, hi: int | None, extent: int) -> Expr:
     return e if hi is None or hi >= extent else e % (hi // lo)
 
 
-def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None) -> Expr | None:
-    """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
-    env = grid(units, num, width)
+def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None,
+         over: "GridValues | None" = None) -> Expr | None:
+    """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None.
+    `over`: the grid's values already computed by the caller (shared subexpressions)."""
+    over = over or GridValues(units, num, width, buffers)
+    env = over.env
     full: list = []   # e over the whole grid, evaluated once and only for a chain that fits its sampled rows
 
     def values() -> np.ndarray:
         if not full:
-            full.append(_full(evaluate(e, env, buffers), (len(units), num, width)))
+            full.append(_full(over.value(e), (len(units), num, width)))
         return full[0]
     for factors in _chain_sources(_all_divisors(e)):
         f = _fit_chain(list(factors), e, env, values, units, num, width, where, buffers)
@@ -575,14 +578,33 @@ def _size(e: Expr) -> int:
     return 1
 
 
-def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None) -> Expr:
+class GridValues:
+    """Expressions evaluated over one slice grid with one memo of subexpression values: a
+    composed mask's conjuncts, their sides and the slice's index share most of their nodes."""
+
+    def __init__(self, units, num: int, width: int, buffers=None):
+        self.env, self.buffers, self.seen = grid(units, num, width), buffers, {}
+        self.shape = (len(units), num, width)
+
+    def value(self, e: Expr | None) -> np.ndarray:
+        if e is None:
+            return np.ones(self.shape, bool)
+        return np.broadcast_to(evaluate(e, self.env, self.buffers, self.seen), self.shape)
+
+    def truth(self, e: Expr | None) -> np.ndarray:
+        return self.value(e).astype(bool)
+
+
+def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None,
+                 over: GridValues | None = None) -> Expr:
     """A valid mask with always-true comparisons dropped and each compared side refitted
     (exactly, on every element: the mask itself decides which elements count). In a
     conjunction a comparison only matters where the others hold: it is dropped where they imply
     it, and its sides are refitted there (a composed shuffle's 'plane index % 232 < 116' is a
     function of the unit alone inside the plane, 'i * 128 + j < 784')."""
+    over = over or GridValues(units, num, width, buffers)
     parts = conjuncts(e)
-    vals = [eval_over(p, units, num, width, buffers).astype(bool) for p in parts]
+    vals = [over.truth(p) for p in parts]
     keep = list(range(len(parts)))
     out = list(parts)
     for k in range(len(parts)):
@@ -600,7 +622,7 @@ def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None)
             # a small side is refitted too where the others narrow the elements: it may lose
             # its dependence on i and j there (then the condition is one on the unit alone)
             small = _size(side) < _WORTH_FITTING and (bool(where.all()) or variables(side) <= {"u"})
-            f = None if small else _fit(side, units, num, width, where, buffers)
+            f = None if small else _fit(side, units, num, width, where, buffers, over)
             better = f is not None and (_size(f) < _size(side) or len(variables(f)) < len(variables(side)))
             sides.append(f if better else side)
         out[k] = binop(parts[k].op, sides[0], sides[1])
@@ -608,7 +630,7 @@ def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None)
         # conjunction exact (a term changed only where all the others, as they are, hold), where
         # refitting two terms each under the other's original form is not (both may turn true
         # where both were false: a ConvTranspose's zero-stuffing mask kept the odd rows)
-        vals[k] = eval_over(out[k], units, num, width, buffers).astype(bool)
+        vals[k] = over.truth(out[k])
     result: Expr = Const(1)
     for k in keep:
         result = out[k] if result == Const(1) else binop("and", result, out[k])
@@ -642,12 +664,13 @@ def _compact(s: MemorySlice, units: np.ndarray, buffers=None) -> MemorySlice:
         units = sampled_units(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
         # fitted and checked on a sample of units with digit probes, as above
     valid_expr = s.valid
+    over = GridValues(units, s.num, s.width, buffers)
     if valid_expr is not None:
-        valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)
+        valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers, over)
         valid_expr = None if valid_expr == Const(1) else valid_expr
-    valid = eval_over(valid_expr, units, s.num, s.width, buffers).astype(bool)
+    valid = over.truth(valid_expr)
     index = s.index
     if _size(index) >= _WORTH_FITTING and valid.any():
-        f = _fit(index, units, s.num, s.width, valid, buffers)
+        f = _fit(index, units, s.num, s.width, valid, buffers, over)
         index = f if f is not None else index
     return MemorySlice(s.buffer, s.level, index, s.num, s.width, s.dtype, s.vec, valid_expr, s.fill)
