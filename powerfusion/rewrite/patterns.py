@@ -173,7 +173,7 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
             m = {"addr": r.index}
             tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
                                 substitute(sol.get("j", Const(0)), m)))
-    return tries
+    return list(dict.fromkeys(tries))   # a map found twice is evaluated once (its answer is the same)
 
 
 def _slice_loads(s: MemorySlice) -> bool:
