@@ -27,7 +27,7 @@ from math import gcd
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, Expr, Load, Select, Var, evaluate
+from powerfusion.gir.expr import BinOp, Const, Expr, Select, Var, evaluate
 
 _COMPARE = frozenset(("lt", "le", "eq", "ne"))
 _LOGIC = frozenset(("and", "or"))
