@@ -21,8 +21,8 @@ from dataclasses import replace
 import numpy as np
 
 from powerfusion.gir.expr import J, U, Expr, binop, evaluate, loads, substitute, variables
-from powerfusion.gir.periodic import deciding_units
 from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, units_key
+from powerfusion.gir.periodic import deciding_units
 from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       without_syncs_on, writers)

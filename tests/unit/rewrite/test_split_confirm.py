@@ -2,7 +2,6 @@
 units that decide it (gir/periodic.py) and still refuses a choice that is wrong at one unit."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from powerfusion.gir.expr import I, J, U, binop
@@ -17,7 +16,7 @@ W, UNITS, K = 64, 4096, 2999   # rows of 64; units below K copy X, the others X2
 
 
 def _concat_then_copy():
-    row = lambda name: glob(name, U * W + J, 1, W)   # noqa: E731
+    row = lambda name: glob(name, U * W + J, 1, W)
     wa = GOp(Move(), (row("X"),), (row("T"),), U.lt(K))
     wb = GOp(Move(), (glob("X2", (U - K) * W + J, 1, W),), (row("T"),), binop("le", K, U))
     ops = [wa, wb, GOp(Sync(Scope.DEVICE), (row("T"), row("T")), (row("T"),)), GOp(Move(), (row("T"),), (reg("y", 1, W),)),
