@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.gir.expr import loads
-from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, Parallel, Sync
+from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, Parallel, Sync, units_key
 
 LEVELS = tuple(lv.label for lv in sorted(Level, reverse=True))   # ("global", "shared", "register")
 MASK_SAMPLE = 256
@@ -38,8 +38,17 @@ def _units(op: GOp, parallel: Parallel) -> np.ndarray:
 def _elements(s: MemorySlice, units: np.ndarray) -> float:
     if s.valid is None or loads(s.valid) or len(units) == 0:
         return float(s.count * len(units))
-    sample = units if len(units) <= MASK_SAMPLE else units[np.linspace(0, len(units) - 1, MASK_SAMPLE).astype(np.int64)]
-    return float(s.mask(sample).mean() * s.count * len(units))
+    key = (s.valid, s.num, s.width, units_key(units))   # the same mask recurs in the ops of every rewrite
+    hit = _VALID_SHARE.get(key)
+    if hit is None:
+        sample = units if len(units) <= MASK_SAMPLE else units[np.linspace(0, len(units) - 1, MASK_SAMPLE).astype(np.int64)]
+        if len(_VALID_SHARE) >= 1 << 14:
+            _VALID_SHARE.clear()
+        hit = _VALID_SHARE[key] = s.mask(sample).mean()
+    return float(hit * s.count * len(units))
+
+
+_VALID_SHARE: dict = {}   # (mask, num, width, units) -> share of valid elements in the sample
 
 
 _CACHE: dict[int, tuple[GOp, Parallel, tuple]] = {}

@@ -20,8 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from powerfusion.gir.expr import Expr, binop, evaluate, loads, substitute, variables
+from powerfusion.gir.expr import J, U, Expr, binop, evaluate, loads, substitute, variables
 from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice, units_key
+from powerfusion.gir.periodic import deciding_units
 from powerfusion.rewrite.base import (Rewrite, matches, if_not_worse, active_units, consts, device_barrier_between, interface, is_move,
                                       loaded_anywhere, next_uid, readers, register_layout_ok, written_between,
                                       without_syncs_on, writers)
@@ -162,6 +163,10 @@ def _confirm(g: GIRGraph, r: int, chosen, units, data) -> bool:
         if not injective_exactly(wop.outputs[0], units[w], P, data):
             return False
     r_units = np.asarray(units[r], np.int64)
+    predicates = _confirm_predicates(g, r, chosen, units)
+    if predicates is not None:   # the units whose elements show every case the check can meet (gir/periodic.py)
+        deciding = deciding_units(r_units, predicates, p2.num, p2.width)
+        r_units = r_units if deciding is None else deciding
     step = max(1, CONFIRM_CHUNK // max(1, p2.count))
     for lo in range(0, len(r_units), step):
         part = r_units[lo:lo + step]
@@ -187,6 +192,31 @@ def _confirm(g: GIRGraph, r: int, chosen, units, data) -> bool:
         if not np.array_equal(total, rvalid.astype(np.int64)):
             return False
     return True
+
+
+def _confirm_predicates(g: GIRGraph, r: int, chosen, units) -> list | None:
+    """Every predicate whose truth values over a reader unit's elements `_confirm` looks at (its
+    masks, each writer's coordinates being inside the writer, the addresses matching, `need`,
+    the conditions): what decides the confirmation for that unit. None where a writer's units
+    are not one run of ids (membership in them is then no comparison)."""
+    P, p2, pb = g.parallel, g.ops[r].inputs[0], g.ops[r].outputs[0]
+    out = [p2.valid, pb.valid]
+    for w, c, cond in chosen:
+        wop = g.ops[w]
+        ws, wu = wop.outputs[0], np.asarray(units[w], np.int64)
+        if wu.size == 0 or int(wu[-1]) - int(wu[0]) + 1 != wu.size or not bool(np.all(np.diff(wu) == 1)):
+            return None
+        out += [binop("le", int(wu[0]), c.u), binop("le", c.u, int(wu[-1])), binop("le", 0, c.i), c.i.lt(ws.num),
+                binop("le", 0, c.j), c.j.lt(ws.width), binop("eq", c.at(ws.index), p2.index),
+                c.at(ws.valid) if ws.valid is not None else None, None if cond is False else cond]
+        need = composition_need(wop.inputs[0].level, ws.level)
+        if need in ("unit", "lane"):
+            out.append(binop("eq", c.u, U))
+        if need == "group":
+            out.append(binop("eq", c.u // P.units_per_group, U // P.units_per_group))
+        if need == "lane":
+            out.append(binop("eq", (c.j // ws.vec) % P.lanes, (J // p2.vec) % P.lanes))
+    return out
 
 
 def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers,
@@ -239,6 +269,10 @@ def _same_elements_now(a: GOp, b: GOp, units, buffers) -> bool:
     s = a.inputs[0]
     step = max(1, CONFIRM_CHUNK // max(1, s.count))
     pairs = [(x, y) for x, y in zip(a.inputs + a.outputs, b.inputs + b.outputs)]
+    # the units whose elements show every case the comparison can meet (gir/periodic.py)
+    deciding = deciding_units(units, [a.guard, b.guard] + [e for x, y in pairs for e in (
+        x.valid, y.valid, binop("eq", x.index, y.index))], s.num, s.width)
+    units = units if deciding is None else deciding
     for lo in range(0, len(units), step):
         part = units[lo:lo + step]
         env, shape = grid(part, s.num, s.width), (len(part), s.num, s.width)

@@ -18,6 +18,7 @@ import numpy as np
 from powerfusion.gir.expr import (BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads,
                                   substitute, variables)
 from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key
+from powerfusion.gir.periodic import deciding_units
 
 _ADDR = Var("addr")
 
@@ -86,8 +87,11 @@ def _extents(w: MemorySlice, w_units, buffers) -> tuple[int, int]:
     """num and width as far as the valid mask lets the writer write (a masked tail is no digit)."""
     if w.valid is None or len(w_units) == 0:
         return w.num, w.width
+    w_units = np.asarray(w_units, np.int64)
+    deciding = deciding_units(w_units, [w.valid], w.num, w.width)   # every unit's mask is one of theirs
+    w_units = w_units if deciding is None else deciding
     try:
-        m = w.mask(np.asarray(w_units), buffers).reshape(len(w_units), w.num, w.width)
+        m = w.mask(w_units, buffers).reshape(len(w_units), w.num, w.width)
     except KeyError:
         return w.num, w.width
     rows, cols = np.nonzero(m.any(axis=(0, 2)))[0], np.nonzero(m.any(axis=(0, 1)))[0]
@@ -169,7 +173,7 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
             m = {"addr": r.index}
             tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
                                 substitute(sol.get("j", Const(0)), m)))
-    return tries
+    return list(dict.fromkeys(tries))   # a map found twice is evaluated once (its answer is the same)
 
 
 def _slice_loads(s: MemorySlice) -> bool:
@@ -308,7 +312,17 @@ def evaluate_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
 
 def injective_exactly(w: MemorySlice, w_units, parallel: Parallel, buffers=None) -> bool:
     """`_injective` over every unit, however many (no sample): for rules that must be exact."""
-    return _injective_on(w, np.asarray(w_units, np.int64), parallel, buffers, sample=False)
+    w_units = np.asarray(w_units, np.int64)
+    if _slice_loads(w):   # the answer depends on the data: not memoised
+        return _injective_on(w, w_units, parallel, buffers, sample=False)
+    key = (w, parallel, units_key(w_units))
+    hit = _INJECTIVE_EXACTLY.get(key, _MISS)
+    if hit is _MISS:
+        hit = _INJECTIVE_EXACTLY.put(key, _injective_on(w, w_units, parallel, None, sample=False))
+    return hit
+
+
+_INJECTIVE_EXACTLY = _Memo(1024)   # the split rule confirms the same writers again after other rewrites
 
 
 def grid(units, num, width):
@@ -453,13 +467,20 @@ def _digit_expr(var: Expr, lo: int, hi: int | None, extent: int) -> Expr:
     return e if hi is None or hi >= extent else e % (hi // lo)
 
 
-def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None) -> Expr | None:
-    """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None."""
-    shape = (len(units), num, width)
-    env = grid(units, num, width)
-    full = _full(evaluate(e, env, buffers), shape)
+def _fit(e: Expr, units: np.ndarray, num: int, width: int, where: np.ndarray, buffers=None,
+         over: "GridValues | None" = None) -> Expr | None:
+    """An affine form in the digits of u, i, j equal to `e` wherever `where` holds, or None.
+    `over`: the grid's values already computed by the caller (shared subexpressions)."""
+    over = over or GridValues(units, num, width, buffers)
+    env = over.env
+    full: list = []   # e over the whole grid, evaluated once and only for a chain that fits its sampled rows
+
+    def values() -> np.ndarray:
+        if not full:
+            full.append(_full(over.value(e), (len(units), num, width)))
+        return full[0]
     for factors in _chain_sources(_all_divisors(e)):
-        f = _fit_chain(list(factors), env, full, units, num, width, where)
+        f = _fit_chain(list(factors), e, env, values, units, num, width, where, buffers)
         if f is not None:
             return f
     return None
@@ -486,13 +507,17 @@ def _chain_sources(divisors: set[int]) -> list[tuple[int, ...]]:
     return out
 
 
-def _fit_chain(factors: list[int], env, full, units, num: int, width: int, where: np.ndarray) -> Expr | None:
-    """_fit with the digits of u, i and j cut at the radix chain `factors` gives."""
-    shape = full.shape
+def _fit_chain(factors: list[int], e: Expr, env, values, units, num: int, width: int, where: np.ndarray,
+               buffers=None) -> Expr | None:
+    """_fit with the digits of u, i and j cut at the radix chain `factors` gives. The form is
+    solved on sampled elements, where `e` is evaluated alone; only a form that holds there is
+    checked on every element (`values()`: e over the whole grid)."""
+    shape = (len(units), num, width)
     # A digit depends on one axis only, so its values are computed on that axis and broadcast
     # (or picked at the sampled elements) instead of over every element (the same numbers).
-    dense = full.size > 0 and bool(where.all())
-    target = full if dense else full[where]
+    size = len(units) * num * width
+    dense = size > 0 and bool(where.all())
+    target_size = size if dense else int(np.count_nonzero(where))
     # the axis positions holding a selected element: each digit's extent is the largest seen there
     present = None if dense else (where.any(axis=(1, 2)), where.any(axis=(0, 2)), where.any(axis=(0, 1)))
     digits = []   # (var, lo, hi, extent used, values along its axis, axis)
@@ -505,16 +530,21 @@ def _fit_chain(factors: list[int], env, full, units, num: int, width: int, where
         chain = _digit_chain(factors, ext)
         for lo, hi in zip(chain, chain[1:] + [None]):
             digits.append((var, lo, hi, seen, (vals // lo) % (hi // lo) if hi else vals // lo, axis))
-    rows = np.arange(target.size)
-    if target.size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
-        rows = np.random.default_rng(0).choice(target.size, min(target.size, 4 * (len(digits) + 1) + 64), replace=False)
+    rows = np.arange(target_size)
+    if target_size > 4 * (len(digits) + 1):   # solve on a sample, check on every element below
+        rows = np.random.default_rng(0).choice(target_size, min(target_size, 4 * (len(digits) + 1) + 64), replace=False)
     # element r of the flattened grid is (r // (num*width), r // width % num, r % width)
     flat = rows if dense else np.flatnonzero(where.reshape(-1))[rows]
     at = (flat // (num * width), flat // width % num, flat % width)
     cols = [d[4][at[d[5]]] for d in digits]
-    sample = target.reshape(-1)[rows]
+    sample = np.broadcast_to(evaluate(e, {"u": env["u"].reshape(-1)[at[0]], "i": at[1], "j": at[2]}, buffers),
+                             rows.shape).astype(np.int64)
     A = np.stack([np.ones(rows.size)] + [c.astype(np.float64) for c in cols], axis=1)
     coef = np.rint(np.linalg.lstsq(A, sample.astype(np.float64), rcond=None)[0]).astype(np.int64)
+    if not np.array_equal(A @ coef.astype(np.float64), sample.astype(np.float64)):
+        return None   # wrong on the sampled elements already: no need to look at the others
+    full = values()
+    target = full if dense else full[where]
     got = np.full(shape, coef[0], np.int64)
     for d, c in zip(digits, coef[1:]):
         if c:
@@ -548,14 +578,33 @@ def _size(e: Expr) -> int:
     return 1
 
 
-def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None) -> Expr:
+class GridValues:
+    """Expressions evaluated over one slice grid with one memo of subexpression values: a
+    composed mask's conjuncts, their sides and the slice's index share most of their nodes."""
+
+    def __init__(self, units, num: int, width: int, buffers=None):
+        self.env, self.buffers, self.seen = grid(units, num, width), buffers, {}
+        self.shape = (len(units), num, width)
+
+    def value(self, e: Expr | None) -> np.ndarray:
+        if e is None:
+            return np.ones(self.shape, bool)
+        return np.broadcast_to(evaluate(e, self.env, self.buffers, self.seen), self.shape)
+
+    def truth(self, e: Expr | None) -> np.ndarray:
+        return self.value(e).astype(bool)
+
+
+def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None,
+                 over: GridValues | None = None) -> Expr:
     """A valid mask with always-true comparisons dropped and each compared side refitted
     (exactly, on every element: the mask itself decides which elements count). In a
     conjunction a comparison only matters where the others hold: it is dropped where they imply
     it, and its sides are refitted there (a composed shuffle's 'plane index % 232 < 116' is a
     function of the unit alone inside the plane, 'i * 128 + j < 784')."""
+    over = over or GridValues(units, num, width, buffers)
     parts = conjuncts(e)
-    vals = [eval_over(p, units, num, width, buffers).astype(bool) for p in parts]
+    vals = [over.truth(p) for p in parts]
     keep = list(range(len(parts)))
     out = list(parts)
     for k in range(len(parts)):
@@ -573,7 +622,7 @@ def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None)
             # a small side is refitted too where the others narrow the elements: it may lose
             # its dependence on i and j there (then the condition is one on the unit alone)
             small = _size(side) < _WORTH_FITTING and (bool(where.all()) or variables(side) <= {"u"})
-            f = None if small else _fit(side, units, num, width, where, buffers)
+            f = None if small else _fit(side, units, num, width, where, buffers, over)
             better = f is not None and (_size(f) < _size(side) or len(variables(f)) < len(variables(side)))
             sides.append(f if better else side)
         out[k] = binop(parts[k].op, sides[0], sides[1])
@@ -581,7 +630,7 @@ def compact_mask(e: Expr, units: np.ndarray, num: int, width: int, buffers=None)
         # conjunction exact (a term changed only where all the others, as they are, hold), where
         # refitting two terms each under the other's original form is not (both may turn true
         # where both were false: a ConvTranspose's zero-stuffing mask kept the odd rows)
-        vals[k] = eval_over(out[k], units, num, width, buffers).astype(bool)
+        vals[k] = over.truth(out[k])
     result: Expr = Const(1)
     for k in keep:
         result = out[k] if result == Const(1) else binop("and", result, out[k])
@@ -615,12 +664,13 @@ def _compact(s: MemorySlice, units: np.ndarray, buffers=None) -> MemorySlice:
         units = sampled_units(units, s.count, exprs=(s.index,) + ((s.valid,) if s.valid is not None else ()))
         # fitted and checked on a sample of units with digit probes, as above
     valid_expr = s.valid
+    over = GridValues(units, s.num, s.width, buffers)
     if valid_expr is not None:
-        valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers)
+        valid_expr = compact_mask(valid_expr, units, s.num, s.width, buffers, over)
         valid_expr = None if valid_expr == Const(1) else valid_expr
-    valid = eval_over(valid_expr, units, s.num, s.width, buffers).astype(bool)
+    valid = over.truth(valid_expr)
     index = s.index
     if _size(index) >= _WORTH_FITTING and valid.any():
-        f = _fit(index, units, s.num, s.width, valid, buffers)
+        f = _fit(index, units, s.num, s.width, valid, buffers, over)
         index = f if f is not None else index
     return MemorySlice(s.buffer, s.level, index, s.num, s.width, s.dtype, s.vec, valid_expr, s.fill)
