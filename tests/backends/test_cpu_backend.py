@@ -10,6 +10,7 @@ a second run of this file compiles nothing.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from unittest import mock
 
@@ -253,3 +254,26 @@ def test_float4_casts_run_as_c_and_match_the_interpreter():
     np.testing.assert_array_equal(got[1].view(np.uint8), want[1].view(np.uint8))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[0], x.astype(ml_dtypes.float4_e2m1fn).astype(np.float32) + 1)
+
+
+
+def test_streamed_sums_of_several_slots_run_as_simd_scalars():
+    """A streamed float sum over rows of a few slots keeps one scalar accumulator a slot under
+    the SIMD reduction (an array of them was one serial add chain a slot); the template
+    candidates that render so run as C against the interpreter (the sum is reordered: fp32
+    tolerance)."""
+    from powerfusion.backends.cpu.renderer import render_module
+    pattern = re.compile(r"#pragma omp simd reduction\(\+:\w+_s0, \w+_s1\b")
+    graphs, feeds, labels = [], [], []
+    for cases in TEMPLATE_CASES.values():
+        for case in cases:
+            names = buffer_names(list(case.graph.tensors))
+            for c in candidates(case.graph.nodes[-1], case.graph.tensors, "cpu", names):
+                g = c.build()
+                if pattern.search(render_module(g)[0]):
+                    values = {**case.graph.constants, **case.feeds}
+                    graphs.append(g)
+                    feeds.append({names[t]: v for t, v in values.items() if names[t] in g.inputs})
+                    labels.append(c.label)
+    assert graphs, "no template candidate streams a sum of several slots"
+    check_graphs(graphs, feeds, labels)

@@ -22,7 +22,7 @@ import re
 from powerfusion.backends.cstyle.kernel import KernelRenderer, RegLayout, _identity_layout
 from powerfusion.backends.cstyle.renderer import CRenderer
 from powerfusion.backends.source import KernelSource, RenderError
-from powerfusion.gir.ir import GIRGraph, Level, MemorySlice
+from powerfusion.gir.ir import GIRGraph, GOp, Level, MemorySlice
 from powerfusion.names import sanitize
 
 # libm calls replaced by the header's inline float32 forms (whole words only: not pf_expf itself)
@@ -199,6 +199,15 @@ class CPUKernelRenderer(KernelRenderer):
         return [f"for (int i = 0; i < {s.num}; ++i)",
                 f"for (int j = 0; j < {s.width}; ++j) {{ const int slot = i * {s.width} + j;",
                 *["  " + b for b in body], "}"]
+
+    def _broadcast(self, op: GOp) -> list[str]:
+        """A broadcast over num reads its source at j, not at `slot % width`: in a flat tile the
+        two are equal, but gcc made the modulo a gather from the stack per vector (a
+        batch-norm scale of 350k elements 0.29 -> 0.03 ms, one thread); j is a loop counter."""
+        (src,), (dst,) = op.inputs, op.outputs
+        if op.args.over == "width" or self.reg[dst.buffer].replicated:
+            return super()._broadcast(op)
+        return self._lane_loop(dst, [f"{self.ref(dst, 'slot')} = {self.ref(src, 'j')};"])
 
     def _register_layouts(self) -> dict[str, RegLayout]:
         out = {}

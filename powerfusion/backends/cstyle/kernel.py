@@ -427,7 +427,7 @@ class KernelRenderer:
 
     def instruction(self, op: GOp) -> list[str]:
         """C lines of one gOperator (INSTRUCTIONS: its kind's method)."""
-        return INSTRUCTIONS[type(op.args)](self, op)
+        return getattr(self, INSTRUCTIONS[type(op.args)])(op)   # by name: dialects may override one
 
     # ---- assembly -------------------------------------------------------------------------
     def render(self):
@@ -532,8 +532,8 @@ def unit_bound(guard: Expr) -> int | None:
     return None
 
 
-INSTRUCTIONS = {Move: KernelRenderer._move, Elementwise: KernelRenderer._elementwise,
-                Reduce: KernelRenderer._reduce, Broadcast: KernelRenderer._broadcast, Sync: KernelRenderer._sync}
+INSTRUCTIONS = {Move: "_move", Elementwise: "_elementwise", Reduce: "_reduce", Broadcast: "_broadcast",
+                Sync: "_sync"}
 
 
 class _Raw(Expr):

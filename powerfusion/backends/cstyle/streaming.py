@@ -25,6 +25,7 @@ UNROLL = 4           # rows per unrolled step of a streamed loop, at least (load
 IN_FLIGHT = 32       # slots per lane a streamed loop's unrolled step aims to load: a narrow row
                      # (one slot per lane: a split-K finisher over 512 partials) unrolls further
 SIMD_SUM_MIN = 32    # a float sum over fewer rows or segments is unrolled, without the dialect's SIMD pragma
+SIMD_SUM_SLOTS = 8   # a streamed SIMD sum keeps at most this many slots, one scalar accumulator each
 
 
 @dataclass(frozen=True)
@@ -199,10 +200,11 @@ def render_run(low, run: Run) -> list[str]:
     per = run.width // L
     pre, body, post = [], [], []
     reduces = [op for op in run.ops if isinstance(op.args, Reduce)]
-    # the dialect's SIMD sum over the rows (the CPU) where every reduction is a float sum of one
-    # slot: scalar accumulators (an array-section reduction does not vectorise: a 576 x 1024
-    # GEMV took 0.44 ms with one, 0.04 ms with a scalar)
-    simd = bool(reduces and low.r.sum_pragma and per == 1 and run.num >= SIMD_SUM_MIN and all(
+    # the dialect's SIMD sum over the rows (the CPU) where every reduction is a float sum of a
+    # few slots: one scalar accumulator a slot (an array-section reduction does not vectorise: a
+    # 576 x 1024 GEMV took 0.44 ms with one, 0.04 ms with a scalar; with rows of 4 slots summed
+    # into an array, a serial add chain a slot, 0.19 ms against 0.08 with four scalars)
+    simd = bool(reduces and low.r.sum_pragma and per <= SIMD_SUM_SLOTS and run.num >= SIMD_SUM_MIN and all(
         op.args.fn == "sum" and low.dtype(op.outputs[0]) in ("float32", "float64") for op in reduces))
     sums = []
     for op in run.ops:
@@ -216,21 +218,23 @@ def render_run(low, run: Run) -> list[str]:
             acct, ident, comb = accumulator(low.dtype(dst), op.args.fn)
             acc = low.ident("acc", f"{dst.buffer}_{op.uid}")
             vec = low.reg[src.buffer].vec
-            if simd:
-                sums.append(acc)
-                pre.append(f"{acct} {acc} = {ident};")
-                ref = acc
-            else:
-                pre.append(f"{acct} {acc}[{per}];")
-                pre += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {acc}[s] = {ident};"]
-                ref = f"{acc}[s]"
-            take = f"{ref} = {comb.format(a=ref, b=low.ref(src, 's'))};"
             sv = low._valid(src)
-            if sv:
-                take = (f"{{ const int j = ((s / {vec}) * {L} + lane) * {vec} + s % {vec}; "
-                        f"if ({sv}) {take} }}")
-            body += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {take}"]
-            post += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {low.ref(dst, 's')} = {ref};"]
+
+            def take(ref: str) -> str:
+                line = f"{ref} = {comb.format(a=ref, b=low.ref(src, 's'))};"
+                return (f"{{ const int j = ((s / {vec}) * {L} + lane) * {vec} + s % {vec}; if ({sv}) {line} }}"
+                        if sv else line)
+            if simd:   # slot s in scalar acc (one slot) or acc_s<s>, each statement under its own s
+                names = [acc] if per == 1 else [f"{acc}_s{k}" for k in range(per)]
+                sums += names
+                pre.append(f"{acct} {', '.join(f'{n} = {ident}' for n in names)};")
+                body += [f"{{ const int s = {k}; {take(n)} }}" for k, n in enumerate(names)]
+                post += [f"{{ const int s = {k}; {low.ref(dst, 's')} = {n}; }}" for k, n in enumerate(names)]
+                continue
+            pre.append(f"{acct} {acc}[{per}];")
+            pre += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {acc}[s] = {ident};"]
+            body += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {take(f'{acc}[s]')}"]
+            post += ["#pragma unroll", f"for (int s = 0; s < {per}; ++s) {low.ref(dst, 's')} = {acc}[s];"]
             continue
         body += [f"// gop {op.uid}: {op.describe()} (row ri)", *low.instruction(view)]
     decls = [f"{low.r.ctype[low.graph.buffer(b).dtype]} {low.ident('r', b)}[{per}];" for b in sorted(run.local)]
