@@ -76,13 +76,14 @@ def measure_one(model: Path, target: str, cache: Path, out: Path) -> dict:
     load = os.getloadavg()[0]
     if target == SESSION:
         cmd = [sys.executable, "-c", "import sys; from powerfusion import InferenceSession; "
-               "InferenceSession(sys.argv[1], target='cpu')", str(model)]
+               "InferenceSession(sys.argv[1], target='cpu')", str(model.resolve())]
     else:
-        cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model), "--target", target,
+        cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model.resolve()), "--target", target,
                "-o", str(out), "--timings", "-q"]
     env = {**os.environ, "POWERFUSION_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     t0, cpu0 = time.perf_counter(), _children_cpu()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # cwd: `python -m` puts the working folder ahead of PYTHONPATH (ROOT's powerfusion must be the one run)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if r.returncode != 0:
         return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:], "wall_s": round(wall, 2),

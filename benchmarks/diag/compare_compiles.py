@@ -44,7 +44,7 @@ def checkout(rev: str, into: Path) -> Path:
 
 def compile_with(tree: Path, model: Path, work: Path, args) -> dict:
     cache, out = work / "cache", work / "out"
-    cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model), "--target", args.target,
+    cmd = [sys.executable, "-m", "powerfusion.cli", "compile", str(model.resolve()), "--target", args.target,
            "-o", str(out), "-q", "--timings"]
     if args.precision != "fp32":
         cmd += ["--precision", args.precision]
@@ -54,7 +54,9 @@ def compile_with(tree: Path, model: Path, work: Path, args) -> dict:
            "POWERFUSION_SEARCH_BUDGET_S": NO_CAP}
     before = _children_cpu()
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # cwd: `python -m` puts the working folder ahead of PYTHONPATH, so run in the tree itself (from
+    # another checkout's folder, that checkout's powerfusion would be the one compiled)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - before
     if r.returncode != 0:
         raise SystemExit(f"compile failed with {tree}:\n{r.stderr[-3000:]}")

@@ -27,7 +27,7 @@ from math import gcd
 
 import numpy as np
 
-from powerfusion.gir.expr import BinOp, Const, Expr, Select, Var, evaluate
+from powerfusion.gir.expr import BinOp, Const, Expr, Select, Var, evaluate, loads, variables
 
 _COMPARE = frozenset(("lt", "le", "eq", "ne"))
 _LOGIC = frozenset(("and", "or"))
@@ -146,17 +146,6 @@ def _periodic(e: Expr) -> tuple[int, int]:
     return p, 0
 
 
-def _atoms(e: Expr, out: list) -> None:
-    """The comparisons whose truth values make up `e`'s (as a predicate): (a, b, period, slope of a - b)."""
-    if isinstance(e, BinOp) and e.op in _LOGIC:
-        _atoms(e.a, out)
-        _atoms(e.b, out)
-        return
-    a, b = (e.a, e.b) if isinstance(e, BinOp) and e.op in _COMPARE else (e, Const(0))
-    p, s = _combine(_shape(a), _shape(b), -1)
-    out.append((a, b, p, s))
-
-
 def _consecutive(units: np.ndarray) -> bool:
     return units.ndim == 1 and units.size > 0 and int(units[-1]) - int(units[0]) + 1 == units.size \
         and bool(np.all(np.diff(units) == 1))
@@ -167,29 +156,77 @@ def deciding_units(units, predicates, num: int, width: int) -> np.ndarray | None
     combination of the predicates' truth values that any unit takes, unit by unit: a check
     that depends on each unit only through those truth values holds for all units iff it holds
     for these. None: no such subset is known (check every unit). `predicates`: expressions
-    tested for truth (None entries are skipped); any loads make the answer None."""
+    tested for truth (None entries are skipped); any loads make the answer None.
+
+    Atoms in u alone (a channel's range test (u // 56) % 96 < 64, a writer's u <= 3583) are
+    evaluated at every unit, their signs taken as they are, so they need no period: only the
+    atoms that mix u with i or j go through the period argument. A unit is then kept for each
+    distinct (residue, run of blocks, signs of the u-only atoms); two units that agree on those
+    give every atom the same truth values on every element."""
     units = np.asarray(units, np.int64)
     if num * width == 0 or not _consecutive(units):
         return None
     atoms: list = []
+    for e in predicates:
+        if e is not None:
+            _split_atoms(e, atoms)
+    if any(loads(a) or loads(b) for a, b in atoms):
+        return None
+    names = [variables(a) | variables(b) for a, b in atoms]
+    mixed = [ab for ab, v in zip(atoms, names) if "u" in v and len(v) > 1]
+    alone = list(dict.fromkeys(ab for ab, v in zip(atoms, names) if v == {"u"}))
+    n = units.size
     try:
-        for e in predicates:
-            if e is not None:
-                _atoms(e, atoms)
-        period = 1
-        for _, _, p, _ in atoms:
-            period = _lcm(period, p)
+        classes = _run_classes(units, mixed, num, width)
     except _NotPeriodic:
         return None
+    if classes is None:
+        return None
+    if alone:
+        env, seen = {"u": units}, {}
+        signs = [np.sign(np.broadcast_to(evaluate(a, env, None, seen), (n,)).astype(np.int64)
+                         - np.broadcast_to(evaluate(b, env, None, seen), (n,)).astype(np.int64)) for a, b in alone]
+        key = np.stack([classes] + signs, axis=1)
+        _, first = np.unique(key, axis=0, return_index=True)
+    else:
+        _, first = np.unique(classes, return_index=True)
+    out = np.sort(units[first])
+    return out if out.size * GAIN <= n else None
+
+
+def _split_atoms(e: Expr, out: list) -> None:
+    """The comparisons whose truth values make up `e`'s (as a predicate), as (a, b): a op b."""
+    if isinstance(e, BinOp) and e.op in _LOGIC:
+        _split_atoms(e.a, out)
+        _split_atoms(e.b, out)
+        return
+    out.append((e.a, e.b) if isinstance(e, BinOp) and e.op in _COMPARE else (e, Const(0)))
+
+
+def _run_classes(units: np.ndarray, mixed, num: int, width: int) -> np.ndarray | None:
+    """Per unit, the id of the unit that stands for it under the atoms mixing u with i, j (the
+    first unit of its run of blocks, per residue of the common period); None where the period
+    is too long to gain. Raises _NotPeriodic outside the quasi-periodic fragment."""
     n = units.size
+    if not mixed:
+        return np.zeros(n, np.int64)
+    atoms = []
+    period = 1
+    for a, b in mixed:
+        p, s = _combine(_shape(a), _shape(b), -1)
+        atoms.append((a, b, p, s))
+        period = _lcm(period, p)
     if period * GAIN > n:
         return None
     blocks = -(-n // period)
     check = _blocks_to_check(int(units[0]), period, blocks, atoms, num, width)
-    exists = np.arange(period)[:, None] + np.arange(blocks)[None, :] * period < n
-    r, q = np.nonzero(check & exists)
-    out = np.sort(int(units[0]) + r + q * period)
-    return out if out.size * GAIN <= n else None
+    # each unchecked block shares its atoms' truth values with the last checked block before it
+    # (of its residue): the start of its run
+    rep = np.where(check, np.arange(blocks)[None, :], -1)
+    rep = np.maximum.accumulate(rep, axis=1)
+    pos = np.arange(n)
+    r, q = pos % period, pos // period
+    return r + rep[r, q] * period
 
 
 def _blocks_to_check(base: int, period: int, blocks: int, atoms, num: int, width: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Scope,
 from powerfusion.gir.scope import needed_scope
 from powerfusion.rewrite.base import (Rewrite, matches, active_units, consts, device_barrier_between, device_syncs_between,
                                       fresh_name, interface, is_move, is_sync,
-                                      loaded_anywhere, next_uid, readers, register_layout_ok, writers)
+                                      loaded_anywhere, next_uid, op_loads, readers, register_layout_ok, writers)
 from powerfusion.rewrite.patterns import compact, writer_coords
 
 _TARGET = {Scope.LANE: Level.REGISTER, Scope.WARP: Level.SHARED, Scope.BLOCK: Level.SHARED}
@@ -57,7 +57,7 @@ def promote_sync(g: GIRGraph, at: int) -> Rewrite | None:
     if not is_sync(sync):
         return None
     for name in _sync_buffers(sync):
-        rw = _promote(g, at, name)
+        rw = _promote_once(g, at, name)
         if rw is not None:
             return rw
     for name in _sync_buffers(sync):
@@ -65,6 +65,59 @@ def promote_sync(g: GIRGraph, at: int) -> Rewrite | None:
         if rw is not None:
             return rw
     return None
+
+
+# Promotions that failed, by everything they read (`_window_key`). The greedy driver tries every
+# sync again after each rewrite elsewhere, and the search again for every plan sharing the
+# exchange: the same promotion fails the same way each time (its exact scope and writer
+# coordinates are memoised, but the graphs the joint promotion builds to find out are not).
+_FAILED: dict = {}
+_FAILED_SIZE = 8192
+
+
+def _window_key(g: GIRGraph, group: list[str]) -> tuple | None:
+    """What a promotion of `group`'s buffers reads of `g`: the gOperators from the first writer
+    to the last reader of the group, and every gOperator elsewhere that writes, reads or syncs one
+    of them (with its place relative to the window), the buffers, whether the model sees them or
+    gathers from them, the parallel structure. None: a gOperator in the window gathers (its
+    active units or slices may depend on constant data), so nothing is remembered."""
+    spans = [_span(g, b) for b in group]
+    if any(sp is None for sp in spans):
+        return None
+    lo, hi = min(sp[0] for sp in spans), max(sp[1] for sp in spans)
+    window = g.ops[lo:hi + 1]
+    if any(op_loads(op) for op in window):
+        return None
+    names = set(group)
+    outside = tuple((k - lo, op) for k, op in enumerate(g.ops) if not lo <= k <= hi
+                    and any(sl.buffer in names for sl in op.inputs + op.outputs))
+    flags = tuple((g.buffer(b), b in interface(g), loaded_anywhere(g, b)) for b in group)
+    return tuple(group), window, outside, flags, g.parallel, lo
+
+
+def _failed(key) -> bool:
+    return key is not None and key in _FAILED
+
+
+def _remember_failure(key) -> None:
+    if key is None:
+        return
+    if len(_FAILED) >= _FAILED_SIZE:
+        _FAILED.clear()
+    _FAILED[key] = True
+
+
+def _promote_once(g: GIRGraph, at: int, name: str) -> Rewrite | None:
+    """`_promote`, not repeated where the same promotion failed before (same window, same sync
+    position relative to it)."""
+    key = _window_key(g, [name])
+    key = None if key is None else (key[:-1], at - key[-1])
+    if _failed(key):
+        return None
+    rw = _promote(g, at, name)
+    if rw is None:
+        _remember_failure(key)
+    return rw
 
 
 def _span(g: GIRGraph, name: str) -> tuple[int, int] | None:
@@ -100,12 +153,17 @@ def _promote_jointly(g: GIRGraph, name: str, limit: int = 16) -> Rewrite | None:
         k += 1
     if len(group) == 1:
         return None
+    key = _window_key(g, group)
+    key = None if key is None else ("jointly",) + key[:-1]
+    if _failed(key):
+        return None
     h, changed = g, []
     for b in group:
         at = next((k for k, op in enumerate(h.ops) if is_sync(op) and op.args.scope == Scope.DEVICE
                    and b in _sync_buffers(op)), None)
         rw = _promote(h, at, b, check_barrier=False) if at is not None else None
         if rw is None:
+            _remember_failure(key)   # a kernel crossing below is not remembered: it reads the whole graph
             return None
         changed += [u for u in rw.changed if u in {op.uid for op in g.ops}]
         h = rw.apply(h)

@@ -72,7 +72,7 @@ def test_random_quasi_affine_predicates():
     assert decided > 100   # most draws have a period short enough to gain
 
 
-@pytest.mark.parametrize("pred", [Load("idx", U).lt(3), (U * U).lt(100), (J // (U + 1)).lt(2)],
+@pytest.mark.parametrize("pred", [Load("idx", U).lt(3), (U * J).lt(100), (J // (U + 1)).lt(2)],
                          ids=["load", "product", "divisor"])
 def test_outside_the_fragment_every_unit_is_checked(pred):
     assert deciding_units(np.arange(10000), [pred], 2, 8) is None
@@ -82,3 +82,44 @@ def test_units_that_are_not_one_run_are_checked_every_one():
     units = np.concatenate([np.arange(5000), np.arange(6000, 11000)])
     assert deciding_units(units, [(U % 7).lt(3)], 2, 8) is None
     assert deciding_units(np.arange(5000), [(U % 7).lt(3)], 2, 8) is not None
+
+
+def test_atoms_in_u_alone_need_no_period():
+    # DenseNet's concat: a writer's channel range ((u // 56) % 96 < 64, period 5376 = every unit)
+    # beside its unit range and element masks in i, j: a few units decide, not all 5376
+    ch = (U // 56) % 96
+    preds = [(I * 128 + J).lt(56), binop("le", U, 3583), binop("and", binop("le", 0, ch), ch.lt(64)),
+             binop("le", 3584, U), binop("and", binop("le", 64, ch), ch.lt(96))]
+    sub = _assert_decides(preds, np.arange(5376), 1, 128)
+    assert len(sub) <= 8
+
+
+def test_a_unit_alone_condition_met_at_one_unit_is_kept():
+    # u-only atoms outside the quasi-periodic fragment (a product) are evaluated at every unit
+    preds = [(U * U).eq(2500), (U % 7 + I).lt(3)]
+    sub = _assert_decides(preds, np.arange(3000), 2, 4)
+    assert 50 in sub.tolist()
+
+
+def test_random_predicates_with_unit_alone_atoms():
+    rng = np.random.default_rng(11)
+
+    def unit_expr():
+        return [lambda: (U * U) // int(rng.integers(1, 50)), lambda: (U // int(rng.integers(1, 40))) % int(rng.integers(2, 9)),
+                lambda: U * int(rng.integers(-3, 4)) + int(rng.integers(-50, 50))][rng.integers(3)]()
+
+    def mixed_expr():
+        return (U * int(rng.integers(1, 4)) + I * int(rng.integers(-2, 3)) + J) // int(rng.integers(1, 6)) % int(rng.integers(2, 7))
+
+    decided = 0
+    for _ in range(300):
+        preds = [binop(("lt", "le", "eq", "ne")[rng.integers(4)], unit_expr(), int(rng.integers(0, 60)))
+                 for _ in range(rng.integers(1, 3))]
+        preds += [binop(("lt", "le", "eq")[rng.integers(3)], mixed_expr(), int(rng.integers(0, 4)))
+                  for _ in range(rng.integers(0, 2))]
+        n = int(rng.integers(50, 2000))
+        units, num, width = np.arange(3, 3 + n), int(rng.integers(1, 3)), int(rng.integers(1, 5))
+        if deciding_units(units, preds, num, width) is not None:
+            _assert_decides(preds, units, num, width)
+            decided += 1
+    assert decided > 100

@@ -266,3 +266,18 @@ def test_swap_monotone_elementwise_past_max_reduce():
 
 
 
+
+
+def test_a_remembered_failed_promotion_is_not_reused_where_the_graph_differs():
+    # T refused as an output of the graph (the model sees it); the same window where T is not an
+    # output must still be promoted, and the refused case stays refused when asked again
+    seen = _store_sync_load(row("T"))
+    refused = graph(list(seen.ops), list(seen.buffers), ["X"], ["Z", "T"])
+    assert promote_sync(refused, 2) is None
+    assert promote_sync(refused, 2) is None
+    assert promote_sync(seen, 2) is not None
+    # a reader far outside the window (before the writer) is part of what is remembered too
+    early = graph([mv(row("T"), reg("w", 1, C)), mv(reg("w", 1, C), row("W"))] + list(seen.ops),
+                  list(seen.buffers) + [rbuf("w"), gbuf("W", N)], ["X"], ["Z", "W"])
+    assert promote_sync(early, 4) is None
+    assert promote_sync(seen, 2) is not None
