@@ -12,11 +12,10 @@ import pytest
 
 from powerfusion import basic as B
 from powerfusion.frontend.numpy_exec import run_involution
-from powerfusion.gir.interpreter import run_gir
 from powerfusion.gir.ir import Level, Scope, Sync
-from powerfusion.gir.verifier import verify
 from powerfusion.templates import buffer_names, candidates
 from tests.templates.strategies import GraphBuilder
+from tests.unit.templates.test_stencil import assert_each_matches
 
 TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3)}
 
@@ -75,13 +74,7 @@ def test_involution_candidates_match_numpy(cid):
     cands = candidates(node, g.graph.tensors, "cuda", names)
     assert {c.name for c in cands} >= {"involution.stencil", "involution.cols"}
     assert "involution.strip" in {c.name for c in cands} or shape[3] % 4   # vector chunks of rows
-    rtol, atol = TOL[dtype]
-    for c in cands:
-        gir = c.build()
-        verify(gir)
-        got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
-        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
-                                   err_msg=c.label)
+    assert_each_matches(cands, node, names, values, want, TOL[dtype])
 
 
 def test_involution_stencil_stages_rows_once():

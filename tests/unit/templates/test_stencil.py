@@ -92,12 +92,17 @@ def assert_candidates_match_numpy(cid, spec, pick):
     want = numpy_depthwise(values["x"], values["w"], values["bias"], stride, pads, dil)
     cands = pick(case)
     assert cands, f"no candidate for {cid}"
-    rtol, atol = TOL[dtype]
+    assert_each_matches(cands, node, names, values, want, TOL[dtype])
+
+
+def assert_each_matches(cands, node, names, values, want, tol) -> None:
+    """Each candidate's graph verifies and, run by the interpreter on `values`, gives `want`
+    (float64) within tol = (rtol, atol)."""
     for c in cands:
         gir = c.build()
         verify(gir)
         got = run_gir(gir, {names[t]: values[t] for t in node.inputs})[names[node.outputs[0]]]
-        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=rtol, atol=atol,
+        np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=tol[0], atol=tol[1],
                                    err_msg=c.label)
 
 
