@@ -337,6 +337,21 @@ class BasicGraph:
                 out.setdefault(t, []).append(n)
         return out
 
+    def drop_unread(self) -> None:
+        """Remove the nodes whose outputs nothing reads (after a rewrite), and the constants and
+        tensors no remaining node or graph input/output names; one sweep from the outputs back."""
+        live, keep = {t.name for t in self.outputs}, []
+        for n in reversed(self.nodes):
+            if any(o in live for o in n.outputs):
+                keep.append(n)
+                live.update(n.inputs)
+        self.nodes[:] = keep[::-1]
+        used = live | {t.name for t in self.inputs}
+        for name in [c for c in self.constants if c not in used]:
+            del self.constants[name]
+        for name in [t for t in self.tensors if t not in used]:
+            del self.tensors[name]
+
 
 # ---- partition ------------------------------------------------------------------
 

@@ -11,9 +11,12 @@ checked exactly; anything else stays as written:
 """
 from __future__ import annotations
 
+import math
+
 from powerfusion.basic import BasicGraph, BasicNode, Broadcast, Elementwise, Involution, Reduce, Reshape, Slice, \
     Transpose, Window
-from powerfusion.frontend.window_stack import drop_dead, fresh_node, fresh_tensor, taps_of, window_of
+from powerfusion.frontend.window_stack import taps_of, window_of
+from powerfusion.names import fresh_name
 
 
 def fold_involutions(graph: BasicGraph) -> int:
@@ -30,7 +33,7 @@ def fold_involutions(graph: BasicGraph) -> int:
             continue
         x, kern, op = match
         _replace_involution(graph, node, x, kern, op)
-        drop_dead(graph)
+        graph.drop_unread()
         maps = (graph.producer(), graph.consumers())
         count += 1
     return count
@@ -85,7 +88,7 @@ def _windowtaps_of(graph, producer, name: str, shape):
     if wn is None or not isinstance(wn.op, Window) or wn.op.channels_last or wn.op.pad_value != 0.0:
         return None
     n, c, oh, ow, kh, kw = t[wn.outputs[0]].shape
-    if shape[0] != n or shape[1] * shape[2] != c or shape[3] != kh * kw or _prod(shape[4:]) != oh * ow:
+    if shape[0] != n or shape[1] * shape[2] != c or shape[3] != kh * kw or math.prod(shape[4:]) != oh * ow:
         return None
     if len(t[wn.inputs[0]].shape) != 4:
         return None
@@ -109,13 +112,6 @@ def _per_position(graph, producer, name: str, shape):
     return None
 
 
-def _prod(xs) -> int:
-    out = 1
-    for v in xs:
-        out *= int(v)
-    return out
-
-
 def _replace_involution(graph: BasicGraph, red: BasicNode, x: str, kern: str, op: Involution) -> None:
     t = graph.tensors
     xi = t[x]
@@ -125,11 +121,12 @@ def _replace_involution(graph: BasicGraph, red: BasicNode, x: str, kern: str, op
     ow = (w + op.pad_begins[1] + op.pad_ends[1] - (op.kernel[1] - 1) * op.dilations[1] - 1) // op.strides[1] + 1
     groups = t[kern].shape[1]
     kshape = (n, groups, op.kernel[0] * op.kernel[1], oh, ow)
-    kname, yname = fresh_tensor(graph, kern + "_kernels"), fresh_tensor(graph, red.outputs[0] + "_involution")
+    taken, names = set(t), {n.name for n in graph.nodes}
+    kname, yname = fresh_name(kern + "_kernels", taken), fresh_name(red.outputs[0] + "_involution", taken)
     t[kname] = type(xi)(kname, kshape, t[kern].dtype)
     t[yname] = type(xi)(yname, (n, c, oh, ow), out.dtype)
-    nodes = [BasicNode(fresh_node(graph, red.name + "_kernels"), Reshape(kshape), (kern,), (kname,), red.origin),
-             BasicNode(fresh_node(graph, red.name + "_involution"), op, (x, kname), (yname,), red.origin),
+    nodes = [BasicNode(fresh_name(red.name + "_kernels", names), Reshape(kshape), (kern,), (kname,), red.origin),
+             BasicNode(fresh_name(red.name + "_involution", names), op, (x, kname), (yname,), red.origin),
              BasicNode(red.name, Reshape(tuple(out.shape)), (yname,), red.outputs, red.origin)]
     i = graph.nodes.index(red)
     graph.nodes[i:i + 1] = nodes
@@ -193,7 +190,7 @@ def _tap_times_kernel(graph, producer, mul: BasicNode, shape):
         xs = tap[3]
         if cut != [2] or sl.op.steps[2] != 1 or len(ks) != len(shape) or ks[0] != shape[0] or ks[1] != shape[1] \
                 or shape[1] * shape[2] != xs[1] or tuple(ks[3:]) != tuple(shape[3:]) or len(xs) != 4 \
-                or _prod(xs[2:]) != _prod(shape[3:]) or xs[0] != shape[0]:
+                or math.prod(xs[2:]) != math.prod(shape[3:]) or xs[0] != shape[0]:
             continue
         return tap, sl.op.starts[2], sl.inputs[0]
     return None

@@ -245,17 +245,7 @@ class _Rewriter:
                     and node.outputs[0] not in outputs:
                 self._rename(node.outputs[0], node.inputs[0])
                 self.g.nodes.remove(node)
-        live, keep = set(outputs), []
-        for n in reversed(self.g.nodes):
-            if any(o in live for o in n.outputs):
-                keep.append(n)
-                live.update(n.inputs)
-        self.g.nodes[:] = keep[::-1]
-        used = live | {t.name for t in self.g.inputs}
-        for name in [c for c in self.g.constants if c not in used]:
-            del self.g.constants[name]
-        for name in [t for t in self.g.tensors if t not in used]:
-            del self.g.tensors[name]
+        self.g.drop_unread()
 
     def _rename(self, old: str, new: str) -> None:
         self.g.nodes[:] = [BasicNode(n.name, n.op, tuple(new if t == old else t for t in n.inputs), n.outputs,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 
 from powerfusion.basic import BasicGraph, BasicNode, Concat, Pad, Reshape, Slice, Transpose, Window
+from powerfusion.names import fresh_name
 
 
 def fold_window_stacks(graph: BasicGraph) -> int:
@@ -38,7 +39,7 @@ def fold_window_stacks(graph: BasicGraph) -> int:
         producer = graph.producer()
         count += 1
     if count:
-        drop_dead(graph)
+        graph.drop_unread()
     return count
 
 
@@ -153,42 +154,13 @@ def _replace(graph: BasicGraph, cat: BasicNode, x: str, win: Window, perm) -> No
     wshape = tuple(xi.shape[:2]) + tuple(oshape[d] for d in range(len(oshape)) if d != cat.op.axis)[2:] \
         + tuple(win.kernel)
     tshape = tuple(wshape[p] for p in perm)
-    wname, tname = fresh_tensor(graph, cat.outputs[0] + "_window"), fresh_tensor(graph, cat.outputs[0] + "_taps")
+    taken = set(t)
+    wname, tname = fresh_name(cat.outputs[0] + "_window", taken), fresh_name(cat.outputs[0] + "_taps", taken)
     t[wname] = type(xi)(wname, wshape, xi.dtype)
     t[tname] = type(xi)(tname, tshape, xi.dtype)
-    nodes = [BasicNode(fresh_node(graph, cat.name + "_window"), win, (x,), (wname,), cat.origin),
-             BasicNode(fresh_node(graph, cat.name + "_taps"), Transpose(tuple(perm)), (wname,), (tname,), cat.origin),
+    names = {n.name for n in graph.nodes}
+    nodes = [BasicNode(fresh_name(cat.name + "_window", names), win, (x,), (wname,), cat.origin),
+             BasicNode(fresh_name(cat.name + "_taps", names), Transpose(tuple(perm)), (wname,), (tname,), cat.origin),
              BasicNode(cat.name, Reshape(oshape), (tname,), cat.outputs, cat.origin)]
     i = graph.nodes.index(cat)
     graph.nodes[i:i + 1] = nodes
-
-
-def fresh_tensor(graph: BasicGraph, hint: str) -> str:
-    name, k = hint, 0
-    while name in graph.tensors:
-        k += 1
-        name = f"{hint}_{k}"
-    return name
-
-
-def fresh_node(graph: BasicGraph, hint: str) -> str:
-    taken = {n.name for n in graph.nodes}
-    name, k = hint, 0
-    while name in taken:
-        k += 1
-        name = f"{hint}_{k}"
-    return name
-
-
-def drop_dead(graph: BasicGraph) -> None:
-    """Remove nodes whose outputs nothing reads (the taps' slices and reshapes, an unused Pad)."""
-    keep = {o.name for o in graph.outputs}
-    while True:
-        used = keep | {i for n in graph.nodes for i in n.inputs}
-        dead = [n for n in graph.nodes if not any(o in used for o in n.outputs)]
-        if not dead:
-            return
-        graph.nodes = [n for n in graph.nodes if all(n is not d for d in dead)]
-        for d in dead:
-            for o in d.outputs:
-                graph.tensors.pop(o, None)
