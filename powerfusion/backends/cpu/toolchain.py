@@ -1,8 +1,9 @@
 """The CPU target's C compiler: found at run time, shared objects cached by content.
 
 The compiler is `$CC`, else `cc`, `gcc` or `clang` on PATH, run with `-O3 -march=native
--fopenmp` (and, where gcc takes it, a switch that keeps it from emitting gathers); where the compiler refuses those flags (no OpenMP runtime, a cross compiler that
-does not know -march=native) the portable set `-O2 -fPIC -shared` is used instead, and
+-fopenmp` (and, where gcc takes it, a switch that keeps it from emitting gathers); where the
+compiler refuses those flags (no OpenMP runtime, a cross compiler that does not know
+-march=native) the portable set `-O2 -fPIC -shared` is used instead, and
 kernels then run on one thread. A shared object is kept in the kernel cache
 (runtime/cache.py) under the source's hash, the compiler's version line and the flags, and
 written once to `<cache>/cpu-so/` for loading (ctypes loads files, not bytes).
