@@ -35,7 +35,9 @@ COMBOS = [("fp16", w, zm) for w, zm in (
 COMBOS += [("bf16", "int4", None), ("int8", "int4", None), ("int8", "int2", None), ("int8", "int1", None),
            ("int8", "int8", None)]
 # the profiling step of hint-based scheduling at M = 1: (rows per warp, warps per block) candidates
-M1_TILINGS = [(None, None, None), (2, 8, 2), (4, 8, 2), (4, 8, 3), (2, 16, 3)]   # (R, warps, stages)
+# (R, warps, stages, batch): rows per warp, warps per block, steps in flight, chunks per row and step
+M1_TILINGS = [(None, None, None, None), (2, 8, 2, 1), (2, 8, 2, 2), (2, 8, 2, 4), (4, 8, 2, 2), (4, 8, 2, 4),
+              (2, 8, 3, 2), (1, 8, 2, 8), (2, 4, 2, 4), (4, 4, 2, 4)]
 SWEPT = {("fp16", "int4"), ("fp16", "nf4"), ("fp16", "fp4_e2m1"), ("fp16", "fp8_e4m3"), ("int8", "int2"),
          ("fp16", "int1"), ("fp16", "int2"), ("int8", "int1")}
 
@@ -45,7 +47,7 @@ def configs(M, A, W, zm):
     base = dict(group_size=None if W.startswith("mx") else 128, zeros_mode=zm,
                 out_dtype="fp16" if A == "int8" else A)
     tilings = M1_TILINGS if M == 1 and (A, W) in SWEPT else [(None, None, None)]
-    return [dict(base, rows_per_warp=R, warps=wp, stages=st) for R, wp, st in tilings]
+    return [dict(base, rows_per_warp=R, warps=wp, stages=st, batch=b) for R, wp, st, b in tilings]
 
 
 def all_matmuls(quick=False, m1_only=False):
@@ -209,7 +211,7 @@ def main(out_dir: str, quick=False, m1_only=False, budget=None):
             for A, W, zm in COMBOS:
                 for kw in configs(M, A, W, zm):
                     row = dict(M=M, N=N, K=K, A=A, W=W, zeros=zm, R=kw["rows_per_warp"], warps=kw["warps"],
-                               stages=kw["stages"])
+                               stages=kw["stages"], batch=kw["batch"])
                     try:
                         mm = Matmul(M, N, K, A, W, **kw)
                         t, how = bench_typed(mm)
@@ -218,10 +220,12 @@ def main(out_dir: str, quick=False, m1_only=False, budget=None):
                         continue
                     wb = weight_bytes(mm)
                     rows.append(dict(row, kernel=mm.kind, R=mm.spec.R, warps=mm.spec.warps, stages=mm.spec.stages,
+                                     batch=mm.spec.batch,
                                      default=kw["rows_per_warp"] is None and kw["warps"] is None,
                                      time_us=t * 1e6, timing=how, weight_bytes=wb, floor_us=wb / bw * 1e6,
                                      frac_copy_bw=wb / t / bw, speedup=tc / t))
-                    print(f"M={M} {N}x{K} {A}x{W} {mm.kind} R={mm.spec.R} w={mm.spec.warps} p={mm.spec.stages}: "
+                    print(f"M={M} {N}x{K} {A}x{W} {mm.kind} R={mm.spec.R} w={mm.spec.warps} p={mm.spec.stages} "
+                          f"b={mm.spec.batch}: "
                           f"{t * 1e6:.1f} us "
                           f"({tc / t:.2f}x cuBLAS, {wb / t / bw:.0%} of copy BW)", flush=True)
             cp.get_default_memory_pool().free_all_blocks()

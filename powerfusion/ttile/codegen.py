@@ -42,7 +42,8 @@ class KernelSpec:
     MT: int = 1              # activation rows per block
     warps: int = 4
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
-    stages: int = 2          # CUDA-core kernel: weight chunks per row in flight (2, or 3: swept by the benchmark)
+    stages: int = 2          # CUDA-core kernel: steps of weight chunks per row in flight (2, or 3)
+    batch: int = 1           # CUDA-core kernel: chunks per row a lane loads together (one step)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
     tile: object = None      # tc kernel: prefill.TileConfig of its M bucket (M is then a kernel argument)
 
@@ -126,6 +127,11 @@ def default_warps(M: int) -> int:
     return 8 if M == 1 else 4
 
 
+def default_batch(K_pad: int, bits: int, R: int, ksplit: int) -> int:
+    """Chunks per row a lane loads together in the CUDA-core kernel: 1 (a ring of single chunks)."""
+    return 1
+
+
 def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     """(kernel name, CUDA source) for the fused GEMV/GEMM or the dequantise-only kernel."""
     tt = get_ttype(spec.W_dtype)
@@ -163,7 +169,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         name += f"_n{spec.N}_k{spec.K}_{spec.tile.tag}" + ("_b" if spec.with_bias else "")
     else:
         name += (f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
-                 + (f"p{spec.stages}" if spec.stages != 2 else ""))
+                 + (f"p{spec.stages}" if spec.stages != 2 else "") + (f"b{spec.batch}" if spec.batch != 1 else ""))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"
@@ -176,7 +182,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         M=spec.M, N=spec.N, K=spec.K, G=spec.group_size, ngroups=spec.K_pad // spec.group_size,
         chunks=spec.K_pad * bits // 128, bits=bits, E=E, R=spec.R, MT=spec.MT, warps=spec.warps,
         ksplit=spec.ksplit, wps=max(1, min(4, spec.group_size // E)),
-        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, stages=spec.stages,
+        abytes=abytes, ca=ca, srow=srow, a_smem=a_smem, stages=spec.stages, batch=spec.batch,
         lut_copies=lut_copies, lut_entry_log2=2 + lut_copies.bit_length() - 1,
         T=T, T2="__half2" if T == "__half" else "__nv_bfloat162", OUT=_CT[spec.out_dtype],
         dq=spec.dq, zmode=spec.zmode, A_int8=a8, scaled=scaled, via_half=via_half,

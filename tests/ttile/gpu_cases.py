@@ -28,15 +28,17 @@ def gpu_matmuls(K: int = GPU_K):
 
 TILING_COMBOS = [("fp16", "int4", None, "fp16"), ("int8", "int2", None, "fp16"), ("int8", "int4", None, "int32"),
                  ("bf16", "uint2", "original", "bf16"), ("fp16", "int1", None, "fp16"), ("fp16", "nf4", None, "fp16")]
-TILINGS = [(1, 1, 2), (2, 1, 2), (4, 1, 2), (4, 4, 2), (8, 4, 2), (2, 1, 3), (4, 4, 3)]   # (R, ksplit, stages)
+# (R, ksplit, stages, batch): K = 4192 leaves a last step with fewer chunks than `batch` for every type
+TILINGS = [(1, 1, 2, 1), (2, 1, 2, 1), (4, 1, 2, 1), (4, 4, 2, 1), (8, 4, 2, 1), (2, 1, 3, 1), (4, 4, 3, 1),
+           (2, 1, 2, 4), (4, 1, 2, 2), (2, 1, 3, 4), (4, 4, 3, 2), (1, 1, 2, 8)]
 
 
 def tiling_matmuls():
     for a, w, zm, out in TILING_COMBOS:
-        for R, ks, st in TILINGS:
+        for R, ks, st, b in TILINGS:
             for M, K in ((1, 4096 + 96), (3, 1000)):
                 yield Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
-                             rows_per_warp=R, ksplit=ks, stages=st)
+                             rows_per_warp=R, ksplit=ks, stages=st, batch=b)
 
 
 PATH_COMBOS = [("fp16", "int4", None, "fp16"), ("bf16", "uint4", "original", "bf16"), ("fp16", "uint2", "rescale", "fp32"),

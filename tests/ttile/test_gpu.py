@@ -75,12 +75,12 @@ def test_unaligned_k_and_per_channel(combo):
 @pytest.mark.parametrize("combo", TILING_COMBOS, ids=lambda c: "-".join(str(x) for x in c))
 @pytest.mark.parametrize("tiling", TILINGS)
 def test_tilings(combo, tiling):
-    """Rows per warp, split-K across warps and weight chunks in flight (the benchmark picks among these)."""
+    """Rows per warp, split-K across warps, steps in flight and chunks per step (the benchmark picks among these)."""
     from powerfusion.ttile.matmul import Matmul
     a, w, zm, out = combo
     for M, K in ((1, 4096 + 96), (3, 1000)):
         mm = Matmul(M, 72, K, a, w, out_dtype=out, group_size=128, zeros_mode=zm, with_bias=True,
-                    rows_per_warp=tiling[0], ksplit=tiling[1], stages=tiling[2])
+                    rows_per_warp=tiling[0], ksplit=tiling[1], stages=tiling[2], batch=tiling[3])
         check(mm, np.random.default_rng(K + tiling[0]))
 
 

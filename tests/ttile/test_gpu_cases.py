@@ -47,6 +47,6 @@ def test_k_is_a_multiple_of_no_tile(combo):
 def test_kernel_count_fits_the_device_budget():
     """Each distinct source is one NVRTC compile (benchmarks/ttile/precompile.py warms CuPy's disk
     cache in parallel before the tests run). NVRTC 12.9 took 0.66 s per kernel for sm_90 on one
-    core of the build machine: 380 kernels are ~20-40 s on the device's 16 cores."""
+    core of the build machine: 450 kernels are ~20-45 s on the device's 16 cores."""
     names = {mm.name for mm in list(gpu_matmuls()) + list(tiling_matmuls()) + list(path_matmuls())}
-    assert len(names) <= 400, len(names)
+    assert len(names) <= 450, len(names)

@@ -145,9 +145,11 @@ def test_int8_activation_row_kernels_compile(tmp_path, a, out):
 
 
 @pytest.mark.parametrize("a,w,out", [("fp16", "int4", "fp16"), ("int8", "int2", "fp16"), ("bf16", "nf4", "bf16")])
-def test_three_stage_gemv_compiles(tmp_path, a, w, out):
-    """The CUDA-core kernel with three weight chunks per row in flight (a tiling the benchmark sweeps)."""
-    mm = Matmul(1, 200, 1000, a, w, out_dtype=out, group_size=64, with_bias=True, stages=3)
+@pytest.mark.parametrize("stages,batch", [(3, 1), (2, 4), (3, 2)])
+def test_pipelined_gemv_compiles(tmp_path, a, w, out, stages, batch):
+    """The CUDA-core kernel with three steps per row in flight and several chunks per step (tilings
+    the benchmark sweeps)."""
+    mm = Matmul(1, 200, 1000, a, w, out_dtype=out, group_size=64, with_bias=True, stages=stages, batch=batch)
     path = tmp_path / f"{mm.name}.cu"
     path.write_text(mm.source)
     rc, err = _nvcc(path, path.with_suffix(".fatbin"))
