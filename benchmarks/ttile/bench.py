@@ -46,7 +46,7 @@ def configs(M, A, W, zm):
     """Matmul keyword sets to time for one (M, type): the default, plus tilings at M = 1."""
     base = dict(group_size=None if W.startswith("mx") else 128, zeros_mode=zm,
                 out_dtype="fp16" if A == "int8" else A)
-    tilings = M1_TILINGS if M == 1 and (A, W) in SWEPT else [(None, None, None)]
+    tilings = M1_TILINGS if M == 1 and (A, W) in SWEPT else [(None, None, None, None)]
     return [dict(base, rows_per_warp=R, warps=wp, stages=st, batch=b) for R, wp, st, b in tilings]
 
 
