@@ -44,6 +44,7 @@ class KernelSpec:
     ksplit: int = 1          # 1, or `warps`: the block's warps split K of the same R rows
     stages: int = 2          # CUDA-core kernel: steps of weight chunks per row in flight (2, or 3)
     batch: int = 1           # CUDA-core kernel: chunks per row a lane loads together (one step)
+    stage_a: bool | None = None   # CUDA-core kernel: activations staged in shared memory (None: where they fit)
     N_pad: int = 0           # mma kernel: rows padded to 8-row tiles
     tile: object = None      # tc kernel: prefill.TileConfig of its M bucket (M is then a kernel argument)
 
@@ -149,7 +150,7 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
     abytes = 1 if a8 else 2
     ca = 4 * E * abytes                                   # activation bytes per lane chunk
     srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
-    a_smem = kind == "gemv" and ca >= 64 and spec.MT * srow <= A_SMEM_MAX
+    a_smem = kind == "gemv" and (ca >= 64 if spec.stage_a is None else spec.stage_a) and spec.MT * srow <= A_SMEM_MAX
     lut_copies = lut_table_copies(spec.MT * srow if a_smem else 0) if kind == "gemv" and spec.dq == "lut" else 1
     mma = {}
     if kind == "mma":
@@ -169,7 +170,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         name += f"_n{spec.N}_k{spec.K}_{spec.tile.tag}" + ("_b" if spec.with_bias else "")
     else:
         name += (f"_m{spec.M}_n{spec.N}_k{spec.K}_r{spec.R}s{spec.ksplit}" + (f"w{spec.warps}" if spec.warps != 4 else "")
-                 + (f"p{spec.stages}" if spec.stages != 2 else "") + (f"b{spec.batch}" if spec.batch != 1 else ""))
+                 + (f"p{spec.stages}" if spec.stages != 2 else "") + (f"b{spec.batch}" if spec.batch != 1 else "")
+                 + ("" if spec.stage_a is None else f"a{int(spec.stage_a)}"))
     if a8:
         b_c = "float" if scaled else "int"
         bias_load = "bias[n0 + r]"

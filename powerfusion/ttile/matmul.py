@@ -43,7 +43,8 @@ class Matmul:
                  group_size: int | None = 128, zeros_mode: str | None = None,
                  with_bias: bool = False, rows_per_warp: int | None = None, ksplit: int | None = None,
                  arch: str = "sm_90", target: str = "h200", kernel: str | None = None,
-                 warps: int | None = None, stages: int | None = None, batch: int | None = None, tile=None):
+                 warps: int | None = None, stages: int | None = None, batch: int | None = None,
+                 stage_a: bool | None = None, tile=None):
         from powerfusion.ttile.dtype_names import canonical   # BitBLAS spellings: "float16", "bfloat16", ...
         A_dtype, W_dtype = canonical(A_dtype), canonical(W_dtype)
         accum_dtype, out_dtype = canonical(accum_dtype), canonical(out_dtype)
@@ -88,7 +89,7 @@ class Matmul:
             batch = codegen.default_batch(K_pad, tt.bits, R, ks) if kind == "gemv" else 1
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
                                        zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks, stages=stages,
-                                       batch=batch)
+                                       batch=batch, stage_a=stage_a)
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
         self.kind = self.schedule.kernel

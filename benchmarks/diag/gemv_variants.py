@@ -1,0 +1,88 @@
+"""The M = 1 typed GEMV's tiling knobs one at a time, on the benchmark's shapes (a diagnostic).
+
+    PYTHONPATH=$PWD python3 benchmarks/diag/gemv_variants.py [--json OUT] [--types fp16:int4,int8:int2]
+
+Each variant changes one or two of: rows per warp (R), warps per block, split-K across the
+block's warps, steps in flight (stages), chunks per step (batch), activations staged in
+shared memory (stage_a). Timed with the typed-GEMM benchmark's harness (CUDA-graph replays,
+buffers rotated past L2); kernels compiled in parallel first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = [(4096, 4096), (4096, 11008), (12288, 4096), (22016, 4096), (10240, 8192), (8192, 28672)]
+VARIANTS = {
+    "default": {},
+    "no-stage-a": dict(stage_a=False),
+    "b4": dict(batch=4),
+    "b4 no-stage-a": dict(batch=4, stage_a=False),
+    "b2": dict(batch=2),
+    "R1 w8 b4": dict(rows_per_warp=1, warps=8, batch=4),
+    "R2 w16": dict(rows_per_warp=2, warps=16),
+    "R4 ks4": dict(rows_per_warp=4, warps=4, ksplit=4),
+    "R8 ks8": dict(rows_per_warp=8, warps=8, ksplit=8),
+    "R4 ks8 b2": dict(rows_per_warp=4, warps=8, ksplit=8, batch=2),
+    "p3": dict(stages=3),
+}
+
+
+def matmuls(types):
+    from powerfusion.ttile.matmul import Matmul
+    for A, W in types:
+        for N, K in SHAPES:
+            for label, kw in VARIANTS.items():
+                yield label, Matmul(1, N, K, A, W, group_size=128, out_dtype="fp16" if A == "int8" else A, **kw)
+
+
+def _compile(item):
+    from powerfusion.ttile.runtime import compile_kernel
+    try:
+        compile_kernel(*item)
+    except Exception as e:
+        return f"{item[1]}: {e}"[:500]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--types", default="fp16:int4,fp16:nf4,int8:int2")
+    args = ap.parse_args()
+    types = [tuple(t.split(":")) for t in args.types.split(",")]
+    items = {mm.name: (mm.source, mm.name) for _, mm in matmuls(types)}
+    with mp.get_context("spawn").Pool(16) as pool:
+        errs = [e for e in pool.map(_compile, list(items.values())) if e]
+    print(f"compiled {len(items)} kernels, {len(errs)} failed", *errs[:3], sep="\n", flush=True)
+    from benchmarks.ttile.bench import bench_typed, copy_bandwidth, weight_bytes
+    bw, _ = copy_bandwidth()
+    rows = []
+    for label, mm in matmuls(types):
+        s = mm.spec
+        try:
+            t, _ = bench_typed(mm)
+        except Exception as e:
+            rows.append(dict(A=s.A_dtype, W=s.W_dtype, N=mm.N, K=mm.K, variant=label, error=repr(e)[:300]))
+            continue
+        frac = weight_bytes(mm) / t / bw
+        rows.append(dict(A=s.A_dtype, W=s.W_dtype, N=mm.N, K=mm.K, variant=label, R=s.R, warps=s.warps,
+                         ksplit=s.ksplit, stages=s.stages, batch=s.batch, time_us=t * 1e6, frac_copy_bw=frac))
+    for A, W in types:
+        print(f"\n{A} x {W}: fraction of copy bandwidth", flush=True)
+        print(f"{'variant':16s}" + "".join(f"{f'{n}x{k}':>12s}" for n, k in SHAPES))
+        for label in VARIANTS:
+            vals = {(r["N"], r["K"]): r.get("frac_copy_bw") for r in rows
+                    if r["variant"] == label and (r["A"], r["W"]) == (A, W)}
+            print(f"{label:16s}" + "".join(f"{vals[s]:12.2f}" if vals.get(s) else f"{'err':>12s}" for s in SHAPES))
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
