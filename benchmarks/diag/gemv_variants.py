@@ -31,6 +31,7 @@ VARIANTS = {
     "R8 ks8": dict(rows_per_warp=8, warps=8, ksplit=8),
     "R4 ks8 b2": dict(rows_per_warp=4, warps=8, ksplit=8, batch=2),
     "p3": dict(stages=3),
+    "mma": dict(kernel="mma"),
 }
 
 
@@ -39,6 +40,8 @@ def matmuls(types):
     for A, W in types:
         for N, K in SHAPES:
             for label, kw in VARIANTS.items():
+                if kw.get("kernel") == "mma" and A == "int8":
+                    continue
                 yield label, Matmul(1, N, K, A, W, group_size=128, out_dtype="fp16" if A == "int8" else A, **kw)
 
 
@@ -79,7 +82,8 @@ def main():
         for label in VARIANTS:
             vals = {(r["N"], r["K"]): r.get("frac_copy_bw") for r in rows
                     if r["variant"] == label and (r["A"], r["W"]) == (A, W)}
-            print(f"{label:16s}" + "".join(f"{vals[s]:12.2f}" if vals.get(s) else f"{'err':>12s}" for s in SHAPES))
+            if vals:
+                print(f"{label:16s}" + "".join(f"{vals[s]:12.2f}" if vals.get(s) else f"{'err':>12s}" for s in SHAPES))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, rows=rows), indent=1))
 

@@ -128,8 +128,21 @@ def default_warps(M: int) -> int:
     return 8 if M == 1 else 4
 
 
-def default_batch(K_pad: int, bits: int, R: int, ksplit: int) -> int:
-    """Chunks per row a lane loads together in the CUDA-core kernel: 1 (a ring of single chunks)."""
+def default_batch(spec: KernelSpec, sms: int) -> int:
+    """Chunks per row a lane loads together in the CUDA-core kernel at M = 1, as measured on the
+    H200 over the benchmark's eight shapes (benchmarks/diag/gemv_variants.py): 8-bit weights 2
+    (0.34-0.80 -> 0.53-0.92 of copy bandwidth); int4 with 16-bit activations 2 where the grid
+    gives each SM fewer than 4 blocks (too few warps to cover the memory latency: 4096-row
+    shapes 0.36 -> 0.40, 0.45 -> 0.55), else 1 (more registers per warp cost more than they
+    give: 10240 x 8192 0.67 -> 0.63); everything else 1 (table types are bound by their
+    lookups; int2 x int8 gained on some shapes and lost on others)."""
+    if spec.M != 1 or spec.dq == "lut":
+        return 1
+    if spec.bits == 8:
+        return 2
+    blocks = spec.N / (spec.R * (spec.warps if spec.ksplit == 1 else 1))
+    if spec.bits == 4 and spec.A_dtype != "int8" and blocks < 4 * sms:
+        return 2
     return 1
 
 

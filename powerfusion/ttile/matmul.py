@@ -10,6 +10,8 @@ import numpy as np
 from . import codegen, prefill
 from .quant import (QuantizedWeight, dequantize, normalize_group, pack_mma, pack_words, quantize,
                     unpack_mma, unpack_words)
+from powerfusion.targets.specs import get_target
+
 from .device import schedule_typed_gemm
 from .ttype import get_ttype
 
@@ -85,11 +87,12 @@ class Matmul:
         stages = stages or 2   # 3 (more loads in flight per row) is an option the benchmark sweeps
         if batch not in (None, 1, 2, 4, 8):
             raise ValueError(f"batch (chunks per row loaded together) must be 1, 2, 4 or 8, got {batch}")
-        if batch is None:
-            batch = codegen.default_batch(K_pad, tt.bits, R, ks) if kind == "gemv" else 1
         self.spec = codegen.KernelSpec(M, N, K, K_pad, A_dtype, W_dtype, out_dtype, G,
                                        zeros_mode, with_bias, R, MT, warps=warps, ksplit=ks, stages=stages,
-                                       batch=batch, stage_a=stage_a)
+                                       batch=batch or 1, stage_a=stage_a)
+        if batch is None and kind == "gemv":
+            self.spec = dataclasses.replace(
+                self.spec, batch=codegen.default_batch(self.spec, get_target(target).groups_concurrent))
         self.group_size = None if G == K_pad else G
         self.M, self.N, self.K = M, N, K
         self.kind = self.schedule.kernel

@@ -104,3 +104,20 @@ def test_mma_pack_feeds_the_fragments(wtype, layout):
                             np.testing.assert_array_equal(pairs[2 * st + which], codes[nt * 8 + g, ks])
                             C[:, nt * 8 + g] += A[:, ks] @ pairs[2 * st + which].astype(np.int64)
     np.testing.assert_array_equal(C, A @ codes.T.astype(np.int64))
+
+
+def test_gemv_chunks_per_step_follow_the_grid():
+    """At M = 1 a lane loads two chunks per step for 8-bit weights, and for int4 where the grid
+    leaves each SM fewer than four blocks; table types, larger grids and M > 1 keep one; an
+    explicit batch wins; anything but 1, 2, 4 or 8 is refused."""
+    from powerfusion.ttile.matmul import Matmul
+    assert Matmul(1, 4096, 4096, "fp16", "int4").spec.batch == 2        # 256 blocks < 4 x 132
+    assert Matmul(1, 12288, 4096, "fp16", "int4").spec.batch == 1       # 768 blocks
+    assert Matmul(1, 12288, 4096, "fp16", "fp8_e4m3").spec.batch == 2
+    assert Matmul(1, 4096, 4096, "fp16", "nf4").spec.batch == 1
+    assert Matmul(1, 4096, 4096, "int8", "int2").spec.batch == 1
+    assert Matmul(4, 4096, 4096, "fp16", "int4").spec.batch == 1
+    mm = Matmul(1, 12288, 4096, "fp16", "int4", batch=4)
+    assert mm.spec.batch == 4 and "b4" in mm.name and "#define B_ 4" in mm.source
+    with pytest.raises(ValueError, match="batch"):
+        Matmul(1, 64, 256, "fp16", "int4", batch=3)
