@@ -31,7 +31,6 @@ VARIANTS = {
     "R8 ks8": dict(rows_per_warp=8, warps=8, ksplit=8),
     "R4 ks8 b2": dict(rows_per_warp=4, warps=8, ksplit=8, batch=2),
     "p3": dict(stages=3),
-    "mma": dict(kernel="mma"),
 }
 
 
@@ -40,8 +39,6 @@ def matmuls(types):
     for A, W in types:
         for N, K in SHAPES:
             for label, kw in VARIANTS.items():
-                if kw.get("kernel") == "mma" and A == "int8":
-                    continue
                 yield label, Matmul(1, N, K, A, W, group_size=128, out_dtype="fp16" if A == "int8" else A, **kw)
 
 

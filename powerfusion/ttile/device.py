@@ -180,7 +180,7 @@ def schedule_typed_gemm(M: int, N: int, K: int, A_dtype: str, W_dtype: str, grou
     two_pass = N * K * (w.bits / 8 + 2 * 2) / bw + max(flops / tc, (N * K + M * K + M * N) * 2 / bw)
     # fused on tensor cores: weights once from HBM, mma at a fraction of peak (dequantisation,
     # ldmatrix and barriers share the warps); only where a 32-bit word stays in one group
-    mma_ok = A_dtype != "int8" and w.kind != "block" and (M >= 16 or kernel == "mma") and (g or K) >= 4 * (32 // w.bits)
+    mma_ok = A_dtype != "int8" and w.kind != "block" and M >= 16 and (g or K) >= 4 * (32 // w.bits)
     fused_mma = max(N * k_pad * w.bits / 8 / bw, flops / (tc * 0.15)) if mma_ok else math.inf
     # the prefill kernel (prefill.py, mma.sync, GEMV words), at the fraction of tensor peak it reached
     zmode = zeros_mode or ("sym" if w.kind == "int" else "none")
