@@ -128,20 +128,34 @@ def default_warps(M: int) -> int:
     return 8 if M == 1 else 4
 
 
+def _staged_row(spec: KernelSpec) -> tuple[int, int]:
+    """(activation bytes of one lane chunk, padded bytes of one staged activation row)."""
+    ca = 4 * (32 // spec.bits) * (1 if spec.A_dtype == "int8" else 2)
+    return ca, (spec.K_pad * spec.bits // 128) * (ca + 16)          # 16 B pad per chunk
+
+
+def stages_activations(spec: KernelSpec) -> bool:
+    """The CUDA-core kernel stages the block's activation rows in shared memory (where they fit and
+    a lane's chunk covers at least 64 activation bytes, unless spec.stage_a says otherwise)."""
+    ca, srow = _staged_row(spec)
+    return (ca >= 64 if spec.stage_a is None else spec.stage_a) and spec.MT * srow <= A_SMEM_MAX
+
+
 def default_batch(spec: KernelSpec, sms: int) -> int:
     """Chunks per row a lane loads together in the CUDA-core kernel at M = 1, as measured on the
     H200 over the benchmark's eight shapes (benchmarks/diag/gemv_variants.py): 8-bit weights 2
     (0.34-0.80 -> 0.53-0.92 of copy bandwidth); int4 with 16-bit activations 2 where the grid
     gives each SM fewer than 4 blocks (too few warps to cover the memory latency: 4096-row
     shapes 0.36 -> 0.40, 0.45 -> 0.55), else 1 (more registers per warp cost more than they
-    give: 10240 x 8192 0.67 -> 0.63); everything else 1 (table types are bound by their
-    lookups; int2 x int8 gained on some shapes and lost on others)."""
+    give: 10240 x 8192 0.67 -> 0.63) and where the activations are not staged in shared memory
+    (8192 x 28672: 0.74 with 1, 0.51-0.75 over two runs with 2); everything else 1 (table types
+    are bound by their lookups; int2 x int8 gained on some shapes and lost on others)."""
     if spec.M != 1 or spec.dq == "lut":
         return 1
     if spec.bits == 8:
         return 2
     blocks = spec.N / (spec.R * (spec.warps if spec.ksplit == 1 else 1))
-    if spec.bits == 4 and spec.A_dtype != "int8" and blocks < 4 * sms:
+    if spec.bits == 4 and spec.A_dtype != "int8" and blocks < 4 * sms and stages_activations(spec):
         return 2
     return 1
 
@@ -161,9 +175,8 @@ def render(spec: KernelSpec, kind: str = "gemv") -> tuple[str, str]:
         lut = tuple(repr(float(v)) + "f" for v in levels)
     scaled = (not a8) or spec.out_dtype != "int32"
     abytes = 1 if a8 else 2
-    ca = 4 * E * abytes                                   # activation bytes per lane chunk
-    srow = (spec.K_pad * bits // 128) * (ca + 16)         # staged row, 16 B pad per chunk
-    a_smem = kind == "gemv" and (ca >= 64 if spec.stage_a is None else spec.stage_a) and spec.MT * srow <= A_SMEM_MAX
+    ca, srow = _staged_row(spec)
+    a_smem = kind == "gemv" and stages_activations(spec)
     lut_copies = lut_table_copies(spec.MT * srow if a_smem else 0) if kind == "gemv" and spec.dq == "lut" else 1
     mma = {}
     if kind == "mma":

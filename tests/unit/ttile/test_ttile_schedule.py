@@ -108,11 +108,13 @@ def test_mma_pack_feeds_the_fragments(wtype, layout):
 
 def test_gemv_chunks_per_step_follow_the_grid():
     """At M = 1 a lane loads two chunks per step for 8-bit weights, and for int4 where the grid
-    leaves each SM fewer than four blocks; table types, larger grids and M > 1 keep one; an
+    leaves each SM fewer than four blocks and the activations are staged; table types, larger
+    grids, unstaged activations and M > 1 keep one; an
     explicit batch wins; anything but 1, 2, 4 or 8 is refused."""
     from powerfusion.ttile.matmul import Matmul
     assert Matmul(1, 4096, 4096, "fp16", "int4").spec.batch == 2        # 256 blocks < 4 x 132
     assert Matmul(1, 12288, 4096, "fp16", "int4").spec.batch == 1       # 768 blocks
+    assert Matmul(1, 8192, 28672, "fp16", "int4").spec.batch == 1       # activations not staged
     assert Matmul(1, 12288, 4096, "fp16", "fp8_e4m3").spec.batch == 2
     assert Matmul(1, 4096, 4096, "fp16", "nf4").spec.batch == 1
     assert Matmul(1, 4096, 4096, "int8", "int2").spec.batch == 1
