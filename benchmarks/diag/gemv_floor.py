@@ -61,7 +61,7 @@ def main():
         best = None
         for blocks_per_sm in (2, 4, 8):
             grid = sms * blocks_per_sm
-            t, _ = timed([lambda b=b: read((grid,), (256,), (b, cp.uint64(b.nbytes // 16), out)) for b in bufs])
+            t, _ = timed([lambda b=b, g=grid: read((g,), (256,), (b, cp.uint64(b.nbytes // 16), out)) for b in bufs])
             best = t if best is None or t < best else best
         t_gemv, _ = bench_typed(mm)
         floor = nbytes / bw
