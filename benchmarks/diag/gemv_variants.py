@@ -32,14 +32,24 @@ VARIANTS = {
     "R4 ks8 b2": dict(rows_per_warp=4, warps=8, ksplit=8, batch=2),
     "p3": dict(stages=3),
 }
+# at M > 1: the scheduler's choice (the tensor-core prefill kernel from M = 16) against the
+# CUDA-core kernel with MT activation rows per block
+VARIANTS_M = {
+    "default": {},
+    "gemv": dict(kernel="gemv"),
+    "gemv R2": dict(kernel="gemv", rows_per_warp=2),
+    "gemv R8": dict(kernel="gemv", rows_per_warp=8),
+    "gemv w8": dict(kernel="gemv", warps=8),
+    "gemv R2 w8": dict(kernel="gemv", rows_per_warp=2, warps=8),
+}
 
 
-def matmuls(types):
+def matmuls(types, M=1):
     from powerfusion.ttile.matmul import Matmul
     for A, W in types:
         for N, K in SHAPES:
-            for label, kw in VARIANTS.items():
-                yield label, Matmul(1, N, K, A, W, group_size=128, out_dtype="fp16" if A == "int8" else A, **kw)
+            for label, kw in (VARIANTS if M == 1 else VARIANTS_M).items():
+                yield label, Matmul(M, N, K, A, W, group_size=128, out_dtype="fp16" if A == "int8" else A, **kw)
 
 
 def _compile(item):
@@ -54,16 +64,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--types", default="fp16:int4,fp16:nf4,int8:int2")
+    ap.add_argument("--m", type=int, default=1, help="activation rows")
     args = ap.parse_args()
     types = [tuple(t.split(":")) for t in args.types.split(",")]
-    items = {mm.name: (mm.source, mm.name) for _, mm in matmuls(types)}
+    items = {mm.name: (mm.source, mm.name) for _, mm in matmuls(types, args.m)}
     with mp.get_context("spawn").Pool(16) as pool:
         errs = [e for e in pool.map(_compile, list(items.values())) if e]
     print(f"compiled {len(items)} kernels, {len(errs)} failed", *errs[:3], sep="\n", flush=True)
-    from benchmarks.ttile.bench import bench_typed, copy_bandwidth, weight_bytes
+    from benchmarks.ttile.bench import bench_cublas, bench_typed, copy_bandwidth, weight_bytes
     bw, _ = copy_bandwidth()
     rows = []
-    for label, mm in matmuls(types):
+    cublas = {(N, K): bench_cublas(args.m, N, K)[0] for N, K in SHAPES}
+    for label, mm in matmuls(types, args.m):
         s = mm.spec
         try:
             t, _ = bench_typed(mm)
@@ -71,13 +83,15 @@ def main():
             rows.append(dict(A=s.A_dtype, W=s.W_dtype, N=mm.N, K=mm.K, variant=label, error=repr(e)[:300]))
             continue
         frac = weight_bytes(mm) / t / bw
-        rows.append(dict(A=s.A_dtype, W=s.W_dtype, N=mm.N, K=mm.K, variant=label, R=s.R, warps=s.warps,
-                         ksplit=s.ksplit, stages=s.stages, batch=s.batch, time_us=t * 1e6, frac_copy_bw=frac))
+        rows.append(dict(A=s.A_dtype, W=s.W_dtype, M=mm.M, N=mm.N, K=mm.K, variant=label, kernel=mm.kind, R=s.R,
+                         warps=s.warps, ksplit=s.ksplit, stages=s.stages, batch=s.batch, time_us=t * 1e6,
+                         frac_copy_bw=frac, vs_cublas_fp16=cublas[(mm.N, mm.K)] / t))
     for A, W in types:
-        print(f"\n{A} x {W}: fraction of copy bandwidth", flush=True)
+        key = "frac_copy_bw" if args.m == 1 else "vs_cublas_fp16"
+        print(f"\n{A} x {W}, M = {args.m}: {key}", flush=True)
         print(f"{'variant':16s}" + "".join(f"{f'{n}x{k}':>12s}" for n, k in SHAPES))
-        for label in VARIANTS:
-            vals = {(r["N"], r["K"]): r.get("frac_copy_bw") for r in rows
+        for label in (VARIANTS if args.m == 1 else VARIANTS_M):
+            vals = {(r["N"], r["K"]): r.get(key) for r in rows
                     if r["variant"] == label and (r["A"], r["W"]) == (A, W)}
             if vals:
                 print(f"{label:16s}" + "".join(f"{vals[s]:12.2f}" if vals.get(s) else f"{'err':>12s}" for s in SHAPES))
