@@ -43,7 +43,6 @@ MAX_GROUP = 8                  # query rows per KV head (LLaMA-style GQA groups 
 SHARED_FLOATS = 12288          # 48 KiB of static shared memory: scores, per-warp sums, stats
 MIN_CHUNK = 64
 CHUNK_ALIGN = 16               # chunk lengths in whole 16-row steps (a tile's rows per pass)
-EARLY_V_FLOATS = 56            # register estimate (tile_plan) under which V's first tile loads with K's
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,20 +106,6 @@ def _unroll(packs_per_thread: int) -> int:
     return max(1, 8 // packs_per_thread)
 
 
-def tile_plan(shape: DecodeShape, chunk: int) -> tuple[int, bool]:
-    """(row steps per tile, whether V's first tile is requested with K's). A chunk shorter than a
-    tile (short KV caches: 96 rows at KV 1K over 48 heads) is a tile of just its steps, so its
-    registers hold no rows that are never loaded. V's first tile is in flight from the start,
-    through the scores, where a second tile of packs fits resident_blocks' register budget by
-    the same estimate (64 or 128 registers less 8): a chunk of one tile then takes one DRAM
-    round trip, not two. Checked with ptxas -v for sm_90 (no spills) by the decode tests."""
-    lanes = lanes_per_row(shape)
-    packs = max(1, shape.head_size * _ITEMSIZE[shape.dtype] // 16) // lanes
-    unroll = min(_unroll(packs), -(-chunk // (THREADS // lanes)))
-    floats = 2 * shape.group * packs * (16 // _ITEMSIZE[shape.dtype]) + 2 * 4 * unroll * packs
-    return unroll, floats <= (EARLY_V_FLOATS if resident_blocks(shape) == 4 else 2 * EARLY_V_FLOATS + 8)
-
-
 def chunk_rows(shape: DecodeShape, sm_count: int) -> int:
     """KV rows per block: the KV length split evenly over as many chunks per head as one wave of
     resident blocks holds (rounded up to CHUNK_ALIGN rows, at least MIN_CHUNK), so that no partial
@@ -159,10 +144,8 @@ def decode_source(shape: DecodeShape, chunk: int) -> str:
     lanes = lanes_per_row(shape)
     if shape.head_size * _ITEMSIZE[shape.dtype] < 16:
         raise ValueError(f"head size {shape.head_size} of {shape.dtype} is less than one 16-byte pack")
-    unroll, early_v = tile_plan(shape, chunk)
     consts = {"ELEM": _ELEM[shape.dtype], "HEAD": shape.head_size, "GROUP": shape.group, "CHUNK": chunk,
-              "THREADS": THREADS, "RESIDENT": resident_blocks(shape), "LPR": lanes, "PPT": packs // lanes,
-              "UNROLL": unroll, "EARLY_V": int(early_v), "TAIL": shape.tail}
+              "THREADS": THREADS, "RESIDENT": resident_blocks(shape), "LPR": lanes, "PPT": packs // lanes, "UNROLL": _unroll(packs // lanes), "TAIL": shape.tail}
     head = "".join(f"#define {k} {v}\n" for k, v in consts.items())
     return _PRELUDE + head + _KERNEL
 
@@ -243,12 +226,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
 
     Pack kp[UNROLL][PPT];
     load_tile(kp, kc, kt, cached, row0, 0, rows, sub, col);   // in flight while q is read
-    Pack vp[UNROLL][PPT];
-#if EARLY_V
-    // V's first tile too, in flight through the scores: a chunk of one tile (short KV) then takes
-    // one DRAM round trip, not two
-    load_tile(vp, vc, vt, cached, row0, 0, rows, sub, col);
-#endif
     float qf[GROUP][PPT][VEC];
     #pragma unroll
     for (int g = 0; g < GROUP; ++g)
@@ -283,9 +260,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
                 for (int g = 0; g < GROUP; ++g) s_p[g][r] = d[g];
         }
     }
-#if !EARLY_V
+    Pack vp[UNROLL][PPT];
     load_tile(vp, vc, vt, cached, row0, 0, rows, sub, col);   // in flight through the max and sum below
-#endif
     __syncthreads();
 
     // the chunk's max and sum of 2^(s - max) per query row; one warp per row
