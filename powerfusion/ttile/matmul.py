@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from powerfusion.targets.specs import get_target
+
 from . import codegen, prefill
 from .quant import (QuantizedWeight, dequantize, normalize_group, pack_mma, pack_words, quantize,
                     unpack_mma, unpack_words)
-from powerfusion.targets.specs import get_target
-
 from .device import schedule_typed_gemm
 from .ttype import get_ttype
 
