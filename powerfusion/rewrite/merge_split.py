@@ -16,6 +16,7 @@ fires only when it does not add gOperators (W*R <= W+R).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import numpy as np
@@ -50,6 +51,26 @@ def _conditions(w: MemorySlice, wop: GOp, r: MemorySlice, c: Coords):
 def _pick(cands, covered, units, rvalid: np.ndarray, r: MemorySlice, buffers):
     """The first candidate condition that holds exactly where the writer covers the reader;
     `rvalid`: the reader's valid mask over `units` (the caller has it already)."""
+    if any(e is not None and loads(e) for e in cands):   # depends on constant data: not memoised
+        return _pick_now(cands, covered, units, rvalid, r, buffers)
+    # asked again for every plan that keeps the concat/split, as covering_coords is
+    key = (tuple(cands), r.num, r.width, units_key(units), _bits_key(covered), _bits_key(rvalid))
+    hit = _PICKED.get(key)
+    if hit is None:
+        if len(_PICKED) >= 1024:
+            _PICKED.clear()
+        hit = _PICKED[key] = _pick_now(cands, covered, units, rvalid, r, buffers)
+    return hit
+
+
+_PICKED: dict = {}
+
+
+def _bits_key(a: np.ndarray) -> tuple:
+    return a.shape, hashlib.blake2b(np.packbits(a.reshape(-1)).data, digest_size=16).digest()
+
+
+def _pick_now(cands, covered, units, rvalid: np.ndarray, r: MemorySlice, buffers):
     for e in cands:
         try:
             v = eval_over(e, units, r.num, r.width, buffers).astype(bool).reshape(len(units), -1)
@@ -224,6 +245,31 @@ def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, unit
     """The composed move for one writer; `exact`: the units were sampled, so the refitted slices
     (compact fits on a sample too) are checked against the composition on every unit, and the
     composition is kept as it is where they differ."""
+    pa = wop.inputs[0]
+    if any(_slice_loads(x) for x in (pa, *rop.inputs, *rop.outputs)) or (cond is not None and loads(cond)) \
+            or (rop.guard is not None and loads(rop.guard)):
+        return _split_move_now(rop, wop, c, cond, uid, units, buffers, exact)   # depends on data: not memoised
+    # every plan that keeps the concat/split composes the same moves again (Swin-T: 882 calls,
+    # 334 distinct); the result but for its uid is a function of these
+    key = (rop.args, rop.inputs, rop.outputs, rop.guard, rop.origin, pa, c, cond, units_key(units), exact)
+    hit = _SPLIT_MOVES.get(key, _NONE)
+    if hit is _NONE:
+        if len(_SPLIT_MOVES) >= 1024:
+            _SPLIT_MOVES.clear()
+        hit = _SPLIT_MOVES[key] = _split_move_now(rop, wop, c, cond, 0, units, buffers, exact)
+    return None if hit is None else replace(hit, uid=uid)
+
+
+_SPLIT_MOVES: dict = {}
+_NONE = object()
+
+
+def _slice_loads(s: MemorySlice) -> bool:
+    return bool(loads(s.index)) or (s.valid is not None and bool(loads(s.valid)))
+
+
+def _split_move_now(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers,
+                    exact: bool = False) -> GOp | None:
     pa, p2, pb = wop.inputs[0], rop.inputs[0], rop.outputs[0]
     va = c.at(pa.valid) if pa.valid is not None else None
     if va is not None and p2.valid is not None and pa.fill != p2.fill:
