@@ -92,23 +92,34 @@ class GraphIndex:
         self.readers: dict[str, list[int]] = {}
         self.loaded: set[str] = set()
         self.device_syncs: list[int] = []
+        self.syncs: list[int] = []   # every sync, whatever its scope
         self.moves_reading: dict[str, list[int]] = {}   # by source buffer
         self.interface = set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
         self._traffic: dict[str, int] | None = None
         self._graph = g
+        # built for every graph the rewriter makes (Swin-T's search: 22,000), so the loop is kept tight
+        writers, readers, moves = self.writers, self.readers, self.moves_reading
         for k, op in enumerate(g.ops):
-            if isinstance(op.args, Sync):
-                if op.args.scope == Scope.DEVICE:
+            args = op.args
+            if type(args) is Sync:
+                self.syncs.append(k)
+                if args.scope == Scope.DEVICE:
                     self.device_syncs.append(k)
                 continue
             for s in op.outputs:
-                _add(self.writers, s.buffer, k)
+                writers.setdefault(s.buffer, []).append(k)
             gathered = op_loads(op)
-            self.loaded |= gathered
-            for name in dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered)):
-                _add(self.readers, name, k)
-            if isinstance(op.args, Move):
-                _add(self.moves_reading, op.inputs[0].buffer, k)
+            if gathered:
+                self.loaded |= gathered
+                names = dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered))
+            elif len(op.inputs) == 1:
+                names = (op.inputs[0].buffer,)
+            else:
+                names = dict.fromkeys(s.buffer for s in op.inputs)
+            for name in names:
+                readers.setdefault(name, []).append(k)
+            if type(args) is Move:
+                moves.setdefault(op.inputs[0].buffer, []).append(k)
 
 
     @property

@@ -100,8 +100,10 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
     if any(u is None for u in units.values()):
         return None
     tdt = g.buffer(t).dtype
-    new_ops: dict[int, list[GOp]] = {}
-    uids = iter(range(next_uid(g), next_uid(g) + len(ws) * len(rs)))
+    # every reader's choice is checked before any composed move is built: a check that fails
+    # (an element no writer covers, a later reader's) makes the moves built so far wasted work,
+    # and building them (the refits) is most of the rule's cost
+    choices: list[tuple[int, list, bool]] = []
     for r in rs:
         rop = g.ops[r]
         p2, pb = rop.inputs[0], rop.outputs[0]
@@ -117,7 +119,7 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         if np.any(bvalid & ~rvalid):
             return None      # the reader writes fill there: no writer's move would
         total = np.zeros_like(rvalid, dtype=np.int64)
-        parts, chosen = [], []
+        chosen = []
         for w in ws:
             wop = g.ops[w]
             pa, p1 = wop.inputs[0], wop.outputs[0]
@@ -137,13 +139,21 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             if not ok:
                 return None
             chosen.append((w, c, cond))
-            parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data, exact=sampled))
-            if parts[-1] is None:
-                return None
         if not np.array_equal(total, rvalid.astype(np.int64)):
             return None      # some element read by none or by two writers
         if sampled and not _confirmed(g, r, chosen, units, data):
             return None
+        choices.append((r, chosen, sampled))
+    new_ops: dict[int, list[GOp]] = {}
+    uids = iter(range(next_uid(g), next_uid(g) + len(ws) * len(rs)))
+    for r, chosen, sampled in choices:
+        parts = []
+        for w, c, cond in chosen:
+            if cond is False:
+                continue
+            parts.append(_split_move(g.ops[r], g.ops[w], c, cond, next(uids), units[r], data, exact=sampled))
+            if parts[-1] is None:
+                return None
         new_ops[r] = parts
     ops = []
     for k, o in enumerate(g.ops):
@@ -161,7 +171,7 @@ _CONFIRMED: dict = {}   # the greedy driver asks again after unrelated rewrites 
 
 
 def _confirmed(g: GIRGraph, r: int, chosen, units, data) -> bool:
-    if data:   # constant data in the graph: an index may load it, so the answer is not memoised
+    if data and _confirm_loads(g, r, chosen):   # an index loads constant data: the answer is not memoised
         return _confirm(g, r, chosen, units, data)
     key = (g.ops[r].inputs[0], g.ops[r].outputs[0], g.parallel, units_key(units[r]),
            tuple((g.ops[w].inputs[0].level, g.ops[w].outputs[0], units_key(units[w]), c, cond) for w, c, cond in chosen))
@@ -170,6 +180,20 @@ def _confirmed(g: GIRGraph, r: int, chosen, units, data) -> bool:
             _CONFIRMED.clear()
         _CONFIRMED[key] = _confirm(g, r, chosen, units, data)
     return _CONFIRMED[key]
+
+
+def _confirm_loads(g: GIRGraph, r: int, chosen) -> bool:
+    """Does anything `_confirm` evaluates load data? (Without loads its answer is a function of
+    the slices, conditions and units alone, whatever constants the graph holds: Swin-T's
+    attention subgraphs hold some, and confirmed the same choices again plan after plan.)"""
+    rop = g.ops[r]
+    if any(_slice_loads(x) for x in (*rop.inputs, *rop.outputs)):
+        return True
+    for w, c, cond in chosen:
+        if _slice_loads(g.ops[w].outputs[0]) or any(loads(e) for e in (c.u, c.i, c.j)) or \
+                (cond is not None and cond is not False and loads(cond)):
+            return True
+    return False
 
 
 def _confirm(g: GIRGraph, r: int, chosen, units, data) -> bool:
