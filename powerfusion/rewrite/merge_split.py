@@ -114,8 +114,7 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         sampled = len(check) < len(units[r])
         if sampled and len(units[r]) * p2.count > EXACT_CAP:
             return None
-        rvalid = eval_over(p2.valid, check, p2.num, p2.width, data).astype(bool).reshape(len(check), -1)
-        bvalid = eval_over(pb.valid, check, pb.num, pb.width, data).astype(bool).reshape(len(check), -1)
+        rvalid, bvalid = _valid_over(p2, check, data), _valid_over(pb, check, data)
         if np.any(bvalid & ~rvalid):
             return None      # the reader writes fill there: no writer's move would
         total = np.zeros_like(rvalid, dtype=np.int64)
@@ -161,6 +160,25 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             continue
         ops.extend(new_ops.get(k, [o]))
     return if_not_worse(g, Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
+
+
+def _valid_over(s: MemorySlice, units, data) -> np.ndarray:
+    """[units, num*width] bool: the slice's valid mask over these units (read-only). Remembered
+    where it loads nothing: every plan that keeps the concat/split asks for the same masks over
+    the same sample of units (a composed mask: a few hundred nodes over 2^16 elements)."""
+    if s.valid is None or loads(s.valid):
+        return eval_over(s.valid, units, s.num, s.width, data).astype(bool).reshape(len(units), -1)
+    key = (s.valid, s.num, s.width, units_key(units))
+    hit = _VALID.get(key)
+    if hit is None:
+        if len(_VALID) >= 512:
+            _VALID.clear()
+        hit = _VALID[key] = eval_over(s.valid, units, s.num, s.width).astype(bool).reshape(len(units), -1)
+        hit.flags.writeable = False
+    return hit
+
+
+_VALID: dict = {}
 
 
 EXACT_CAP = 1 << 24     # reader elements the rule confirms one by one (beyond: left alone)

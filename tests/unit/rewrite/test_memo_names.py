@@ -148,3 +148,13 @@ def test_a_promotion_s_window_key_lists_every_op_outside_that_names_the_group():
                     assert key[2] == scan
                     checked += 1
     assert checked > 50
+
+
+def test_a_reader_s_valid_mask_over_the_sample_is_evaluated_once(monkeypatch):
+    merge_split._VALID.clear()
+    calls = _counting(monkeypatch, merge_split, "eval_over")
+    s = glob("T", U * 16 + J, 1, 16, valid=(U * 16 + J).lt(1000))
+    masks = [merge_split._valid_over(s, UNITS, {}) for _ in range(2)]
+    assert masks[0] is masks[1] and len(calls) == 1
+    assert masks[0].shape == (64, 16) and masks[0].sum() == 1000 and not masks[0].flags.writeable
+    assert merge_split._valid_over(glob("T", U * 16 + J, 1, 16), UNITS, {}).all()   # no mask: all valid
