@@ -164,8 +164,7 @@ def _flat_extent(w: MemorySlice, w_units, buffers) -> int | None:
 def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel, need: str | None,
            buffers=None) -> list[Coords]:
     tries = []
-    extents = _extents(w, w_units, buffers)
-    flat = _flat_extent(w, sampled_units(w_units, w.count), buffers)
+    extents, flat = _writer_extents(w, w_units, buffers)
     if w.pattern() == r.pattern() and (w_units is r_units or np.array_equal(w_units, r_units)):
         tries.append(Coords(U, I, J))
     for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
@@ -174,6 +173,18 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
             tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
                                 substitute(sol.get("j", Const(0)), m)))
     return list(dict.fromkeys(tries))   # a map found twice is evaluated once (its answer is the same)
+
+
+def _writer_extents(w: MemorySlice, w_units, buffers) -> tuple[tuple[int, int], int | None]:
+    """(_extents, _flat_extent) of a writer: a function of the writer alone, which every reader of
+    it and every try of coordinates asks about (remembered where nothing loads)."""
+    if _slice_loads(w):
+        return _extents(w, w_units, buffers), _flat_extent(w, sampled_units(w_units, w.count), buffers)
+    key = (unnamed(w), units_key(w_units))
+    hit = _EXTENTS.get(key, _MISS)
+    if hit is _MISS:
+        hit = _EXTENTS.put(key, (_extents(w, w_units, None), _flat_extent(w, sampled_units(w_units, w.count), None)))
+    return hit
 
 
 def _slice_loads(s: MemorySlice) -> bool:
@@ -198,6 +209,7 @@ class _Memo(dict):
 
 _COORDS = _Memo()     # writer_coords
 _COMPACT = _Memo()    # compact
+_EXTENTS = _Memo(1024)   # _writer_extents
 _MISS = object()
 
 

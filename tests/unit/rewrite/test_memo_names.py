@@ -158,3 +158,11 @@ def test_a_reader_s_valid_mask_over_the_sample_is_evaluated_once(monkeypatch):
     assert masks[0] is masks[1] and len(calls) == 1
     assert masks[0].shape == (64, 16) and masks[0].sum() == 1000 and not masks[0].flags.writeable
     assert merge_split._valid_over(glob("T", U * 16 + J, 1, 16), UNITS, {}).all()   # no mask: all valid
+
+
+def test_a_writer_s_extents_are_worked_out_once_for_all_its_readers(monkeypatch):
+    patterns._EXTENTS.clear()
+    calls = _counting(monkeypatch, patterns, "_extents")
+    w = glob("T", U * 16 + J, 1, 16, valid=J.lt(12))
+    got = [patterns._writer_extents(w, UNITS, None), patterns._writer_extents(glob("T2", U * 16 + J, 1, 16, valid=J.lt(12)), UNITS, None)]
+    assert got[0] == got[1] == ((1, 12), None) and len(calls) == 1
