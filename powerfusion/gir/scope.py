@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from powerfusion.gir.expr import loads
-from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope, sorted_once as is_sorted_units, units_key
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, Scope, sorted_once as is_sorted_units, units_key, unnamed
 
 CAP = 1 << 18      # evaluated elements checked exactly
 SAMPLE = 1 << 16   # elements looked at beyond CAP
@@ -73,8 +73,9 @@ def needed_scope(write: MemorySlice, write_units, read: MemorySlice, read_units,
         return _needed_scope(write, write_units, read, read_units, parallel, buffers, cap)
     # The greedy rewriter asks the same question again after every unrelated rewrite, and the
     # search asks it again for every plan sharing the exchange: without loads the answer is a
-    # pure function of the slices, the unit sets and the parallel structure.
-    key = (write, read, parallel, cap, units_key(write_units), units_key(read_units))
+    # pure function of the slices, the unit sets and the parallel structure (not of the buffer's
+    # name: both touch the same buffer, whatever it is called in this plan).
+    key = (unnamed(write), unnamed(read), parallel, cap, units_key(write_units), units_key(read_units))
     hit = _MEMO.get(key)
     if hit is None:
         if len(_MEMO) >= MEMO_SIZE:

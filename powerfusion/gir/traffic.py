@@ -91,6 +91,18 @@ def traffic_after(before: GIRGraph, before_traffic: dict[str, int], after: GIRGr
     a rewrite keeps its untouched gOperators as the same objects)."""
     if after.parallel != before.parallel:
         return traffic(after)
+    last = _LAST_AFTER[0]   # a rule's own check (rewrite/base.if_not_worse), then the driver's, ask the same
+    if last is not None and last[0] is before and last[1] is after and last[2] == before_traffic:
+        return dict(last[3])
+    out = _traffic_after(before, before_traffic, after)
+    _LAST_AFTER[0] = (before, after, dict(before_traffic), dict(out))   # the graphs held: their ids stay theirs
+    return out
+
+
+_LAST_AFTER: list = [None]   # (before, after, before's traffic, after's traffic) of the last call
+
+
+def _traffic_after(before: GIRGraph, before_traffic: dict[str, int], after: GIRGraph) -> dict[str, int]:
     old = {id(op): op for op in before.ops}
     new = {id(op): op for op in after.ops}
     out = dict(before_traffic)

@@ -44,12 +44,25 @@ class Rewrite:
     changed: tuple[int, ...]   # uids of the old graph's gOperators this rewrite replaced or removed
 
     def apply(self, graph: GIRGraph) -> GIRGraph:
-        """The new graph; buffers nothing uses any more are dropped (as GIRGraph.with_ops does)."""
+        """The new graph; buffers nothing uses any more are dropped (as GIRGraph.with_ops does).
+        The last application is remembered: a rule's own traffic check (`if_not_worse`) applies
+        the rewrite, and the driver applies the same rewrite to the same graph right after."""
+        last = _LAST_APPLIED[0]
+        if last is not None and last[0] is self and last[1] is graph:
+            return last[2]
         keep = set(graph.inputs) | set(graph.outputs) | {n for n, _ in graph.constants}
         for op in self.ops:
-            keep.update(s.buffer for s in op.inputs + op.outputs)
-            keep |= op_loads(op)
-        return replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
+            keep.update([s.buffer for s in op.inputs])
+            keep.update([s.buffer for s in op.outputs])
+            gathered = op_loads(op)
+            if gathered:
+                keep |= gathered
+        out = replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
+        _LAST_APPLIED[0] = (self, graph, out)   # held: the ids stay theirs while remembered
+        return out
+
+
+_LAST_APPLIED: list = [None]   # (rewrite, graph, result) of the last Rewrite.apply
 
 
 def if_not_worse(g: GIRGraph, rw: "Rewrite") -> "Rewrite | None":
@@ -92,23 +105,34 @@ class GraphIndex:
         self.readers: dict[str, list[int]] = {}
         self.loaded: set[str] = set()
         self.device_syncs: list[int] = []
+        self.syncs: list[int] = []   # every sync, whatever its scope
         self.moves_reading: dict[str, list[int]] = {}   # by source buffer
         self.interface = set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
         self._traffic: dict[str, int] | None = None
         self._graph = g
+        # built for every graph the rewriter makes (Swin-T's search: 22,000), so the loop is kept tight
+        writers, readers, moves = self.writers, self.readers, self.moves_reading
         for k, op in enumerate(g.ops):
-            if isinstance(op.args, Sync):
-                if op.args.scope == Scope.DEVICE:
+            args = op.args
+            if type(args) is Sync:
+                self.syncs.append(k)
+                if args.scope == Scope.DEVICE:
                     self.device_syncs.append(k)
                 continue
             for s in op.outputs:
-                _add(self.writers, s.buffer, k)
+                writers.setdefault(s.buffer, []).append(k)
             gathered = op_loads(op)
-            self.loaded |= gathered
-            for name in dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered)):
-                _add(self.readers, name, k)
-            if isinstance(op.args, Move):
-                _add(self.moves_reading, op.inputs[0].buffer, k)
+            if gathered:
+                self.loaded |= gathered
+                names = dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered))
+            elif len(op.inputs) == 1:
+                names = (op.inputs[0].buffer,)
+            else:
+                names = dict.fromkeys(s.buffer for s in op.inputs)
+            for name in names:
+                readers.setdefault(name, []).append(k)
+            if type(args) is Move:
+                moves.setdefault(op.inputs[0].buffer, []).append(k)
 
 
     @property

@@ -16,6 +16,7 @@ fires only when it does not add gOperators (W*R <= W+R).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import numpy as np
@@ -50,6 +51,26 @@ def _conditions(w: MemorySlice, wop: GOp, r: MemorySlice, c: Coords):
 def _pick(cands, covered, units, rvalid: np.ndarray, r: MemorySlice, buffers):
     """The first candidate condition that holds exactly where the writer covers the reader;
     `rvalid`: the reader's valid mask over `units` (the caller has it already)."""
+    if any(e is not None and loads(e) for e in cands):   # depends on constant data: not memoised
+        return _pick_now(cands, covered, units, rvalid, r, buffers)
+    # asked again for every plan that keeps the concat/split, as covering_coords is
+    key = (tuple(cands), r.num, r.width, units_key(units), _bits_key(covered), _bits_key(rvalid))
+    hit = _PICKED.get(key)
+    if hit is None:
+        if len(_PICKED) >= 1024:
+            _PICKED.clear()
+        hit = _PICKED[key] = _pick_now(cands, covered, units, rvalid, r, buffers)
+    return hit
+
+
+_PICKED: dict = {}
+
+
+def _bits_key(a: np.ndarray) -> tuple:
+    return a.shape, hashlib.blake2b(np.packbits(a.reshape(-1)).data, digest_size=16).digest()
+
+
+def _pick_now(cands, covered, units, rvalid: np.ndarray, r: MemorySlice, buffers):
     for e in cands:
         try:
             v = eval_over(e, units, r.num, r.width, buffers).astype(bool).reshape(len(units), -1)
@@ -79,8 +100,10 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
     if any(u is None for u in units.values()):
         return None
     tdt = g.buffer(t).dtype
-    new_ops: dict[int, list[GOp]] = {}
-    uids = iter(range(next_uid(g), next_uid(g) + len(ws) * len(rs)))
+    # every reader's choice is checked before any composed move is built: a check that fails
+    # (an element no writer covers, a later reader's) makes the moves built so far wasted work,
+    # and building them (the refits) is most of the rule's cost
+    choices: list[tuple[int, list, bool]] = []
     for r in rs:
         rop = g.ops[r]
         p2, pb = rop.inputs[0], rop.outputs[0]
@@ -91,12 +114,11 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
         sampled = len(check) < len(units[r])
         if sampled and len(units[r]) * p2.count > EXACT_CAP:
             return None
-        rvalid = eval_over(p2.valid, check, p2.num, p2.width, data).astype(bool).reshape(len(check), -1)
-        bvalid = eval_over(pb.valid, check, pb.num, pb.width, data).astype(bool).reshape(len(check), -1)
+        rvalid, bvalid = _valid_over(p2, check, data), _valid_over(pb, check, data)
         if np.any(bvalid & ~rvalid):
             return None      # the reader writes fill there: no writer's move would
         total = np.zeros_like(rvalid, dtype=np.int64)
-        parts, chosen = [], []
+        chosen = []
         for w in ws:
             wop = g.ops[w]
             pa, p1 = wop.inputs[0], wop.outputs[0]
@@ -116,13 +138,21 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             if not ok:
                 return None
             chosen.append((w, c, cond))
-            parts.append(_split_move(rop, wop, c, cond, next(uids), units[r], data, exact=sampled))
-            if parts[-1] is None:
-                return None
         if not np.array_equal(total, rvalid.astype(np.int64)):
             return None      # some element read by none or by two writers
         if sampled and not _confirmed(g, r, chosen, units, data):
             return None
+        choices.append((r, chosen, sampled))
+    new_ops: dict[int, list[GOp]] = {}
+    uids = iter(range(next_uid(g), next_uid(g) + len(ws) * len(rs)))
+    for r, chosen, sampled in choices:
+        parts = []
+        for w, c, cond in chosen:
+            if cond is False:
+                continue
+            parts.append(_split_move(g.ops[r], g.ops[w], c, cond, next(uids), units[r], data, exact=sampled))
+            if parts[-1] is None:
+                return None
         new_ops[r] = parts
     ops = []
     for k, o in enumerate(g.ops):
@@ -130,6 +160,25 @@ def compose_split(g: GIRGraph, at: int) -> Rewrite | None:
             continue
         ops.extend(new_ops.get(k, [o]))
     return if_not_worse(g, Rewrite(tuple(without_syncs_on(ops, t)), g.buffers, tuple(g.ops[k].uid for k in ws + rs)))
+
+
+def _valid_over(s: MemorySlice, units, data) -> np.ndarray:
+    """[units, num*width] bool: the slice's valid mask over these units (read-only). Remembered
+    where it loads nothing: every plan that keeps the concat/split asks for the same masks over
+    the same sample of units (a composed mask: a few hundred nodes over 2^16 elements)."""
+    if s.valid is None or loads(s.valid):
+        return eval_over(s.valid, units, s.num, s.width, data).astype(bool).reshape(len(units), -1)
+    key = (s.valid, s.num, s.width, units_key(units))
+    hit = _VALID.get(key)
+    if hit is None:
+        if len(_VALID) >= 512:
+            _VALID.clear()
+        hit = _VALID[key] = eval_over(s.valid, units, s.num, s.width).astype(bool).reshape(len(units), -1)
+        hit.flags.writeable = False
+    return hit
+
+
+_VALID: dict = {}
 
 
 EXACT_CAP = 1 << 24     # reader elements the rule confirms one by one (beyond: left alone)
@@ -140,7 +189,7 @@ _CONFIRMED: dict = {}   # the greedy driver asks again after unrelated rewrites 
 
 
 def _confirmed(g: GIRGraph, r: int, chosen, units, data) -> bool:
-    if data:   # constant data in the graph: an index may load it, so the answer is not memoised
+    if data and _confirm_loads(g, r, chosen):   # an index loads constant data: the answer is not memoised
         return _confirm(g, r, chosen, units, data)
     key = (g.ops[r].inputs[0], g.ops[r].outputs[0], g.parallel, units_key(units[r]),
            tuple((g.ops[w].inputs[0].level, g.ops[w].outputs[0], units_key(units[w]), c, cond) for w, c, cond in chosen))
@@ -149,6 +198,20 @@ def _confirmed(g: GIRGraph, r: int, chosen, units, data) -> bool:
             _CONFIRMED.clear()
         _CONFIRMED[key] = _confirm(g, r, chosen, units, data)
     return _CONFIRMED[key]
+
+
+def _confirm_loads(g: GIRGraph, r: int, chosen) -> bool:
+    """Does anything `_confirm` evaluates load data? (Without loads its answer is a function of
+    the slices, conditions and units alone, whatever constants the graph holds: Swin-T's
+    attention subgraphs hold some, and confirmed the same choices again plan after plan.)"""
+    rop = g.ops[r]
+    if any(_slice_loads(x) for x in (*rop.inputs, *rop.outputs)):
+        return True
+    for w, c, cond in chosen:
+        if _slice_loads(g.ops[w].outputs[0]) or any(loads(e) for e in (c.u, c.i, c.j)) or \
+                (cond is not None and cond is not False and loads(cond)):
+            return True
+    return False
 
 
 def _confirm(g: GIRGraph, r: int, chosen, units, data) -> bool:
@@ -224,6 +287,31 @@ def _split_move(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, unit
     """The composed move for one writer; `exact`: the units were sampled, so the refitted slices
     (compact fits on a sample too) are checked against the composition on every unit, and the
     composition is kept as it is where they differ."""
+    pa = wop.inputs[0]
+    if any(_slice_loads(x) for x in (pa, *rop.inputs, *rop.outputs)) or (cond is not None and loads(cond)) \
+            or (rop.guard is not None and loads(rop.guard)):
+        return _split_move_now(rop, wop, c, cond, uid, units, buffers, exact)   # depends on data: not memoised
+    # every plan that keeps the concat/split composes the same moves again (Swin-T: 882 calls,
+    # 334 distinct); the result but for its uid is a function of these
+    key = (rop.args, rop.inputs, rop.outputs, rop.guard, rop.origin, pa, c, cond, units_key(units), exact)
+    hit = _SPLIT_MOVES.get(key, _NONE)
+    if hit is _NONE:
+        if len(_SPLIT_MOVES) >= 1024:
+            _SPLIT_MOVES.clear()
+        hit = _SPLIT_MOVES[key] = _split_move_now(rop, wop, c, cond, 0, units, buffers, exact)
+    return None if hit is None else replace(hit, uid=uid)
+
+
+_SPLIT_MOVES: dict = {}
+_NONE = object()
+
+
+def _slice_loads(s: MemorySlice) -> bool:
+    return bool(loads(s.index)) or (s.valid is not None and bool(loads(s.valid)))
+
+
+def _split_move_now(rop: GOp, wop: GOp, c: Coords, cond: Expr | None, uid: int, units, buffers,
+                    exact: bool = False) -> GOp | None:
     pa, p2, pb = wop.inputs[0], rop.inputs[0], rop.outputs[0]
     va = c.at(pa.valid) if pa.valid is not None else None
     if va is not None and p2.valid is not None and pa.fill != p2.fill:

@@ -11,13 +11,13 @@ what any element holds: when the check fails the rule does not fire.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from powerfusion.gir.expr import (BinOp, Const, binop, Expr, I, J, Select, U, Var, affine_coefficient, evaluate, loads,
                                   substitute, variables)
-from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key
+from powerfusion.gir.ir import Level, MemorySlice, Parallel, member_mask, units_key, unnamed
 from powerfusion.gir.periodic import deciding_units
 
 _ADDR = Var("addr")
@@ -164,8 +164,7 @@ def _flat_extent(w: MemorySlice, w_units, buffers) -> int | None:
 def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel, need: str | None,
            buffers=None) -> list[Coords]:
     tries = []
-    extents = _extents(w, w_units, buffers)
-    flat = _flat_extent(w, sampled_units(w_units, w.count), buffers)
+    extents, flat = _writer_extents(w, w_units, buffers)
     if w.pattern() == r.pattern() and (w_units is r_units or np.array_equal(w_units, r_units)):
         tries.append(Coords(U, I, J))
     for same_unit in ((True,) if need in ("unit", "lane") else (True, False)):
@@ -174,6 +173,18 @@ def _tries(w: MemorySlice, w_units, r: MemorySlice, r_units, parallel: Parallel,
             tries.append(Coords(substitute(u1, m), substitute(sol.get("i", Const(0)), m),
                                 substitute(sol.get("j", Const(0)), m)))
     return list(dict.fromkeys(tries))   # a map found twice is evaluated once (its answer is the same)
+
+
+def _writer_extents(w: MemorySlice, w_units, buffers) -> tuple[tuple[int, int], int | None]:
+    """(_extents, _flat_extent) of a writer: a function of the writer alone, which every reader of
+    it and every try of coordinates asks about (remembered where nothing loads)."""
+    if _slice_loads(w):
+        return _extents(w, w_units, buffers), _flat_extent(w, sampled_units(w_units, w.count), buffers)
+    key = (unnamed(w), units_key(w_units))
+    hit = _EXTENTS.get(key, _MISS)
+    if hit is _MISS:
+        hit = _EXTENTS.put(key, (_extents(w, w_units, None), _flat_extent(w, sampled_units(w_units, w.count), None)))
+    return hit
 
 
 def _slice_loads(s: MemorySlice) -> bool:
@@ -198,6 +209,7 @@ class _Memo(dict):
 
 _COORDS = _Memo()     # writer_coords
 _COMPACT = _Memo()    # compact
+_EXTENTS = _Memo(1024)   # _writer_extents
 _MISS = object()
 
 
@@ -209,7 +221,7 @@ def writer_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: 
     (same unit and lane). The writer must write each address at most once."""
     if _slice_loads(w) or _slice_loads(r):   # the answer depends on the data: not memoised
         return _writer_coords(w, w_units, r, r_units, parallel, need, buffers)
-    key = (w, r, parallel, need, units_key(w_units), units_key(r_units))
+    key = (unnamed(w), unnamed(r), parallel, need, units_key(w_units), units_key(r_units))   # names: not read
     hit = _COORDS.get(key, _MISS)
     if hit is _MISS:
         hit = _COORDS.put(key, _writer_coords(w, w_units, r, r_units, parallel, need, None))
@@ -279,7 +291,24 @@ def _probes(units: np.ndarray, exprs) -> np.ndarray:
 def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
                     parallel: Parallel, need: str | None, buffers=None):
     """For one of several writers: (coords, covered) where `covered` [units, num*width] marks the
-    valid reader elements this writer wrote (coords exact there, `need` met); None if unsure."""
+    valid reader elements this writer wrote (coords exact there, `need` met; read-only); None if
+    unsure."""
+    if _slice_loads(w) or _slice_loads(r):   # the answer depends on the data: not memoised
+        return _covering_coords(w, w_units, r, r_units, parallel, need, buffers)
+    # the split rule asks again for every plan that keeps the concat/split (Swin-T: 1244 calls,
+    # 528 distinct questions)
+    key = (unnamed(w), unnamed(r), parallel, need, units_key(w_units), units_key(r_units))
+    hit = _COVERING.get(key, _MISS)
+    if hit is _MISS:
+        hit = _COVERING.put(key, _covering_coords(w, w_units, r, r_units, parallel, need, None))
+    return hit
+
+
+_COVERING = _Memo(1024)
+
+
+def _covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray,
+                     parallel: Parallel, need: str | None, buffers=None):
     if not _injective(w, w_units, parallel, buffers):
         return None
     best, reader = None, {}
@@ -293,7 +322,11 @@ def covering_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units
         covered = hit & rmask
         if best is None or covered.sum() > best[1].sum():
             best = (c, covered)
-    return None if best is None else (best[0], best[1].reshape(len(r_units), -1))
+    if best is None:
+        return None
+    covered = best[1].reshape(len(r_units), -1)
+    covered.flags.writeable = False   # shared through the memo
+    return best[0], covered
 
 
 def evaluate_coords(w: MemorySlice, w_units: np.ndarray, r: MemorySlice, r_units: np.ndarray, c: Coords,
@@ -315,7 +348,7 @@ def injective_exactly(w: MemorySlice, w_units, parallel: Parallel, buffers=None)
     w_units = np.asarray(w_units, np.int64)
     if _slice_loads(w):   # the answer depends on the data: not memoised
         return _injective_on(w, w_units, parallel, buffers, sample=False)
-    key = (w, parallel, units_key(w_units))
+    key = (unnamed(w), parallel, units_key(w_units))
     hit = _INJECTIVE_EXACTLY.get(key, _MISS)
     if hit is _MISS:
         hit = _INJECTIVE_EXACTLY.put(key, _injective_on(w, w_units, parallel, None, sample=False))
@@ -389,7 +422,7 @@ def _injective(w: MemorySlice, w_units, parallel: Parallel, buffers) -> bool:
     w_units = np.asarray(w_units, np.int64)
     if buffers is not None and (loads(w.index) or (w.valid is not None and loads(w.valid))):
         return _injective_on(w, w_units, parallel, buffers)
-    key = (w, parallel, units_key(w_units))
+    key = (unnamed(w), parallel, units_key(w_units))
     if key not in _INJECTIVE:
         if len(_INJECTIVE) > 4096:
             _INJECTIVE.clear()
@@ -652,11 +685,12 @@ def compact(s: MemorySlice, units, buffers=None) -> MemorySlice:
     units = np.asarray(units, np.int64)
     if len(units) == 0 or _slice_loads(s):
         return s
-    key = (s, repr(s.fill), units_key(units))   # fill by repr: -0.0 == 0.0, but renders differently
+    # fill by repr: -0.0 == 0.0, but renders differently; the buffer's name is only carried over
+    key = (unnamed(s), repr(s.fill), units_key(units))
     hit = _COMPACT.get(key)
     if hit is None:
         hit = _COMPACT.put(key, _compact(s, units))
-    return hit
+    return hit if hit.buffer == s.buffer else replace(hit, buffer=s.buffer)
 
 
 def _compact(s: MemorySlice, units: np.ndarray, buffers=None) -> MemorySlice:

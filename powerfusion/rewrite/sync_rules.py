@@ -19,7 +19,7 @@ from powerfusion.gir.expr import U, I, J, Expr
 from powerfusion.gir.ir import Buffer, GIRGraph, GOp, Level, MemorySlice, Scope, Sync
 from powerfusion.gir.scope import needed_scope
 from powerfusion.rewrite.base import (Rewrite, matches, active_units, consts, device_barrier_between, device_syncs_between,
-                                      fresh_name, interface, is_move, is_sync,
+                                      fresh_name, index, interface, is_move, is_sync,
                                       loaded_anywhere, next_uid, op_loads, readers, register_layout_ok, writers)
 from powerfusion.rewrite.patterns import compact, writer_coords
 
@@ -89,8 +89,14 @@ def _window_key(g: GIRGraph, group: list[str]) -> tuple | None:
     if any(op_loads(op) for op in window):
         return None
     names = set(group)
-    outside = tuple((k - lo, op) for k, op in enumerate(g.ops) if not lo <= k <= hi
-                    and any(sl.buffer in names for sl in op.inputs + op.outputs))
+    # the candidates: the group's writers and readers and the syncs (the index has them), not every op
+    idx = index(g)
+    near = set(idx.syncs)
+    for b in group:
+        near.update(idx.writers.get(b, ()))
+        near.update(idx.readers.get(b, ()))
+    outside = tuple((k - lo, g.ops[k]) for k in sorted(near) if not lo <= k <= hi
+                    and any(sl.buffer in names for sl in g.ops[k].inputs + g.ops[k].outputs))
     flags = tuple((g.buffer(b), b in interface(g), loaded_anywhere(g, b)) for b in group)
     return tuple(group), window, outside, flags, g.parallel, lo
 

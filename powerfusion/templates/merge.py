@@ -264,7 +264,22 @@ def _within_range(w, r, units) -> bool:
 
 def _sample_units(unit_sets: list[np.ndarray], sample: int) -> np.ndarray:
     """A few reader units (first, last and seeded random ones) without sorting millions of ids:
-    active-unit arrays are already sorted and unique."""
+    active-unit arrays are already sorted and unique. Read-only: remembered by the unit sets
+    (a fresh seeded generator per line-up question cost more than the question's own check)."""
+    key = (sample, tuple(units_key(u) for u in unit_sets))
+    hit = _SAMPLED.get(key)
+    if hit is None:
+        if len(_SAMPLED) >= 1 << 12:
+            _SAMPLED.clear()
+        hit = _SAMPLED[key] = _sample_of(unit_sets, sample)
+        hit.flags.writeable = False
+    return hit
+
+
+_SAMPLED: dict[tuple, np.ndarray] = {}
+
+
+def _sample_of(unit_sets: list[np.ndarray], sample: int) -> np.ndarray:
     picks = []
     rng = np.random.default_rng(sum(len(u) for u in unit_sets))
     for u in unit_sets:
