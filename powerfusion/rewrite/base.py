@@ -17,7 +17,7 @@ import numpy as np
 
 from powerfusion.gir.expr import I, J, evaluate, loads, variables
 from powerfusion.gir.traffic import not_worse, traffic, traffic_after
-from powerfusion.gir.ir import KIND_OF, Buffer, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
+from powerfusion.gir.ir import KIND_OF, Buffer, Elementwise, GIRGraph, GOp, Level, MemorySlice, Move, Scope, Sync
 
 KINDS = frozenset(KIND_OF.values())
 
@@ -52,11 +52,7 @@ class Rewrite:
             return last[2]
         keep = set(graph.inputs) | set(graph.outputs) | {n for n, _ in graph.constants}
         for op in self.ops:
-            keep.update([s.buffer for s in op.inputs])
-            keep.update([s.buffer for s in op.outputs])
-            gathered = op_loads(op)
-            if gathered:
-                keep |= gathered
+            keep |= op_facts(op).names
         out = replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
         _LAST_APPLIED[0] = (self, graph, out)   # held: the ids stay theirs while remembered
         return out
@@ -97,6 +93,49 @@ def op_loads(op: GOp) -> frozenset[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class OpFacts:
+    """What one gOperator contributes to a graph's index, its termination measure and the
+    buffers a graph keeps: worked out once per op object (ops are immutable and shared between
+    the graphs of a rewrite sequence, so a step meets again all but the ops it changed)."""
+    sync: bool
+    device_sync: bool
+    written: tuple[str, ...]          # output buffers (a sync's: none)
+    read: tuple[str, ...]             # buffers read as data or gathered, first appearance order (a sync's: none)
+    gathered: frozenset[str]          # buffers read through gather expressions
+    move_source: str | None           # a move's source buffer
+    names: frozenset[str]             # every buffer the op names: inputs, outputs, gathered
+    weight: int                       # sum of 4 ** level over the slices (a sync: 0)
+    sync_weight: int                  # 4 ** scope of a sync (others: 0)
+    sync_slices: int                  # a sync's slices (others: 0)
+    elementwise: bool
+
+
+_OP_FACTS: dict[int, tuple[GOp, OpFacts]] = {}
+
+
+def op_facts(op: GOp) -> OpFacts:
+    hit = _OP_FACTS.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    args = op.args
+    gathered = op_loads(op)
+    names = frozenset([s.buffer for s in op.inputs] + [s.buffer for s in op.outputs]) | gathered
+    if type(args) is Sync:
+        facts = OpFacts(True, args.scope == Scope.DEVICE, (), (), gathered, None, names, 0,
+                        4 ** int(args.scope), len(op.inputs) + len(op.outputs), False)
+    else:
+        read = tuple(dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered)))
+        facts = OpFacts(False, False, tuple(s.buffer for s in op.outputs), read, gathered,
+                        op.inputs[0].buffer if type(args) is Move else None, names,
+                        sum(4 ** int(s.level) for s in op.inputs + op.outputs), 0, 0,
+                        type(args) is Elementwise)
+    if len(_OP_FACTS) > 200_000:
+        _OP_FACTS.clear()
+    _OP_FACTS[id(op)] = (op, facts)   # held with its facts, so its id stays its own
+    return facts
+
+
 class GraphIndex:
     """Who writes, reads and gathers from each buffer, built once per (immutable) graph."""
 
@@ -110,30 +149,33 @@ class GraphIndex:
         self.interface = set(g.inputs) | set(g.outputs) | {n for n, _ in g.constants}
         self._traffic: dict[str, int] | None = None
         self._graph = g
-        # built for every graph the rewriter makes (Swin-T's search: 22,000), so the loop is kept tight
-        writers, readers, moves = self.writers, self.readers, self.moves_reading
+        # built for every graph the rewriter makes (Swin-T's search: 22,000), so the loop is kept
+        # tight: what each op contributes is worked out once per op object (op_facts)
+        writers, readers, moves, syncs, loaded = self.writers, self.readers, self.moves_reading, self.syncs, self.loaded
         for k, op in enumerate(g.ops):
-            args = op.args
-            if type(args) is Sync:
-                self.syncs.append(k)
-                if args.scope == Scope.DEVICE:
+            f = op_facts(op)
+            if f.sync:
+                syncs.append(k)
+                if f.device_sync:
                     self.device_syncs.append(k)
                 continue
-            for s in op.outputs:
-                writers.setdefault(s.buffer, []).append(k)
-            gathered = op_loads(op)
-            if gathered:
-                self.loaded |= gathered
-                names = dict.fromkeys([s.buffer for s in op.inputs] + sorted(gathered))
-            elif len(op.inputs) == 1:
-                names = (op.inputs[0].buffer,)
-            else:
-                names = dict.fromkeys(s.buffer for s in op.inputs)
-            for name in names:
-                readers.setdefault(name, []).append(k)
-            if type(args) is Move:
-                moves.setdefault(op.inputs[0].buffer, []).append(k)
-
+            for name in f.written:
+                if name in writers:
+                    writers[name].append(k)
+                else:
+                    writers[name] = [k]
+            if f.gathered:
+                loaded |= f.gathered
+            for name in f.read:
+                if name in readers:
+                    readers[name].append(k)
+                else:
+                    readers[name] = [k]
+            if f.move_source is not None:
+                if f.move_source in moves:
+                    moves[f.move_source].append(k)
+                else:
+                    moves[f.move_source] = [k]
 
     @property
     def traffic(self) -> dict[str, int]:

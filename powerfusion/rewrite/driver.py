@@ -37,7 +37,7 @@ import numpy as np
 
 from powerfusion.gir.ir import Elementwise, GIRGraph, Sync
 from powerfusion.gir.traffic import not_worse, total_bytes, traffic, traffic_after
-from powerfusion.rewrite.base import KINDS, is_move
+from powerfusion.rewrite.base import KINDS, is_move, op_facts
 from powerfusion.rewrite.merge_rules import MERGE_RULES
 from powerfusion.rewrite.swap_rules import SWAP_RULES
 from powerfusion.rewrite.sync_rules import SYNC_RULES
@@ -60,16 +60,29 @@ class TraceStep:
 
 def measure(g: GIRGraph, t: dict[str, int] | None = None) -> tuple[int, ...]:
     t = traffic(g) if t is None else t
-    weight = sync_weight = sync_slices = 0
-    for op in g.ops:
-        if isinstance(op.args, Sync):
-            sync_weight += 4 ** int(op.args.scope)
-            sync_slices += len(op.inputs) + len(op.outputs)
-        else:
-            weight += sum(4 ** int(s.level) for s in op.inputs + op.outputs)
+    weight = sync_weight = sync_slices = ew_pos = depth_sum = 0
     n = len(g.ops)
-    ew_pos = sum(n - 1 - k for k, op in enumerate(g.ops) if isinstance(op.args, Elementwise))
-    return t["global"], total_bytes(t), weight, sync_weight, n, sync_slices, ew_pos, _chain_depth(g)
+    # _chain_depth, in the same pass: a move's depth is one more than its source's last writer's
+    # (when that writer is a move), summed over the moves
+    depth: dict[int, int] = {}
+    last_writer: dict[str, int] = {}
+    for k, op in enumerate(g.ops):
+        f = op_facts(op)   # each op's share worked out once per op object
+        if f.sync:
+            sync_weight += f.sync_weight
+            sync_slices += f.sync_slices
+            continue
+        weight += f.weight
+        if f.elementwise:
+            ew_pos += n - 1 - k
+        if f.move_source is not None:
+            w = last_writer.get(f.move_source)
+            d = 1 + depth[w] if w is not None and w in depth else 0
+            depth[k] = d
+            depth_sum += d
+        for name in f.written:
+            last_writer[name] = k
+    return t["global"], total_bytes(t), weight, sync_weight, n, sync_slices, ew_pos, depth_sum
 
 
 def _chain_depth(g: GIRGraph) -> int:
