@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,23 +42,20 @@ class Rewrite:
     ops: tuple[GOp, ...]
     buffers: tuple[Buffer, ...]
     changed: tuple[int, ...]   # uids of the old graph's gOperators this rewrite replaced or removed
+    _applied: tuple | None = field(default=None, init=False, compare=False, hash=False, repr=False)   # (graph, result)
 
     def apply(self, graph: GIRGraph) -> GIRGraph:
         """The new graph; buffers nothing uses any more are dropped (as GIRGraph.with_ops does).
-        The last application is remembered: a rule's own traffic check (`if_not_worse`) applies
-        the rewrite, and the driver applies the same rewrite to the same graph right after."""
-        last = _LAST_APPLIED[0]
-        if last is not None and last[0] is self and last[1] is graph:
-            return last[2]
+        Remembered on the rewrite: a rule's own traffic check (`if_not_worse`) applies it, and
+        the driver applies it to the same graph right after."""
+        if self._applied is not None and self._applied[0] is graph:
+            return self._applied[1]
         keep = set(graph.inputs) | set(graph.outputs) | {n for n, _ in graph.constants}
         for op in self.ops:
             keep |= op_facts(op).names
         out = replace(graph, ops=self.ops, buffers=tuple(b for b in self.buffers if b.name in keep))
-        _LAST_APPLIED[0] = (self, graph, out)   # held: the ids stay theirs while remembered
+        object.__setattr__(self, "_applied", (graph, out))
         return out
-
-
-_LAST_APPLIED: list = [None]   # (rewrite, graph, result) of the last Rewrite.apply
 
 
 def if_not_worse(g: GIRGraph, rw: "Rewrite") -> "Rewrite | None":
@@ -160,32 +157,19 @@ class GraphIndex:
                     self.device_syncs.append(k)
                 continue
             for name in f.written:
-                if name in writers:
-                    writers[name].append(k)
-                else:
-                    writers[name] = [k]
+                writers.setdefault(name, []).append(k)
             if f.gathered:
                 loaded |= f.gathered
             for name in f.read:
-                if name in readers:
-                    readers[name].append(k)
-                else:
-                    readers[name] = [k]
+                readers.setdefault(name, []).append(k)
             if f.move_source is not None:
-                if f.move_source in moves:
-                    moves[f.move_source].append(k)
-                else:
-                    moves[f.move_source] = [k]
+                moves.setdefault(f.move_source, []).append(k)
 
     @property
     def traffic(self) -> dict[str, int]:
         if self._traffic is None:
             self._traffic = traffic(self._graph)
         return self._traffic
-
-
-def _add(table: dict, key, k: int) -> None:
-    table.setdefault(key, []).append(k)
 
 
 _INDEX: OrderedDict[int, tuple[GIRGraph, GraphIndex]] = OrderedDict()
