@@ -66,6 +66,21 @@ def test_nvrtc_error_names_the_source(cache):
         compile_source('extern "C" __global__ void k(float* y) { y[0] = undefined_thing; }', cache=cache)
 
 
+def test_precompile_fills_the_cache_in_parallel_and_defers_failures(cache):
+    from powerfusion.backends.cuda.runtime import compile_source, precompile_sources
+    from powerfusion.errors import CompileError
+    sources = [SOURCE.replace("axpb", f"axpb{i}") for i in range(6)]
+    bad = 'extern "C" __global__ void k(float* y) { y[0] = undefined_thing; }'
+    items = [(s, (), f"k{i}") for i, s in enumerate(sources)] + [(sources[0], (), "again"), (bad, (), "bad")]
+    assert precompile_sources(items, jobs=4, cache=cache) == 6      # six new, one repeat, one failure
+    assert cache.status()["entries"] == 6
+    assert precompile_sources(items, jobs=4, cache=cache) == 0      # all cached (the failure is tried again: 0)
+    for i, s in enumerate(sources):
+        assert compile_source(s, cache=cache).cache_hit
+    with pytest.raises(CompileError, match="undefined_thing"):   # named where the kernel is loaded
+        compile_source(bad, cache=cache)
+
+
 def _to_device(a, dtype):
     """(device array, logical dtype, float64 reference of the rounded input)."""
     import cupy

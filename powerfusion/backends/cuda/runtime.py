@@ -7,6 +7,7 @@ Kernels are looked up by their unmangled name, so emitted kernels are `extern "C
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +56,7 @@ def nvrtc_version() -> tuple[int, int]:
     return tuple(cupy.cuda.nvrtc.getVersion())
 
 
+@functools.lru_cache(maxsize=1)
 def _include_options() -> tuple[str, ...]:
     """-I for the CUDA headers (cuda_fp16.h, cuda_bf16.h) where CuPy knows the toolkit."""
     try:
@@ -106,11 +108,61 @@ class CudaModule:
 def compile_source(source: str, options: tuple[str, ...] = (), *, name: str = "pf_kernels",
                    cache: KernelCache | None = None, device: int | None = None) -> CudaModule:
     """Compile CUDA source for the current device with NVRTC (disk-cached) and load it."""
+    from cupy.cuda import function
+
+    cache = cache if cache is not None else _default_cache()
+    key, build, kind = _nvrtc_job(source, options, name, device)
+    hits_before = cache.stats.hits
+    binary = cache.get_or_build(key, build)
+    module = function.Module()
+    module.load(binary)  # cuModuleLoadData takes cubin or PTX (which the driver JIT-compiles)
+    return CudaModule(module, kind, cache.stats.hits > hits_before)
+
+
+def precompile_sources(items, *, jobs: int | None = None, cache: KernelCache | None = None,
+                       device: int | None = None) -> int:
+    """Compile `(source, options, name)` items into the kernel cache at once, on `jobs` threads
+    (default: the usable cores), so that `compile_source` then finds each binary cached. NVRTC
+    compiles one program per call and holds no Python lock meanwhile (CuPy calls it `nogil`),
+    so a model's ~100 kernels take about 1 / jobs of the time one after another. Items already
+    cached, or repeated, are skipped; returns how many were compiled. A failure surfaces in
+    the later `compile_source` of the same item (with its message), not here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = cache if cache is not None else _default_cache()
+    todo: dict[str, tuple] = {}
+    for source, options, name in items:
+        key, build, _ = _nvrtc_job(source, tuple(options), name, device)
+        ident = json.dumps(key, sort_keys=True)
+        if ident not in todo and cache.lookup(key) is None:
+            todo[ident] = (key, build)
+    if not todo:
+        return 0
+    if jobs is None:
+        from powerfusion.pipeline.parallel import default_workers
+        jobs = default_workers()
+
+    def one(job) -> bool:
+        key, build = job
+        try:
+            cache.get_or_build(key, build)
+        except CompileError:
+            return False   # raised again, with the same message, where the kernel is loaded
+        return True
+
+    jobs = max(1, min(jobs, len(todo)))
+    if jobs == 1:
+        return sum(one(j) for j in todo.values())
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pf-nvrtc") as pool:
+        return sum(pool.map(one, todo.values()))
+
+
+def _nvrtc_job(source: str, options: tuple[str, ...], name: str, device: int | None):
+    """(cache key, build function, binary kind) of one NVRTC compile for the device."""
     import cupy
-    from cupy.cuda import compiler, function
+    from cupy.cuda import compiler
 
     info = device_info(device)
-    cache = cache if cache is not None else _default_cache()
     all_options = tuple(BASE_OPTIONS) + tuple(options)
     arch_option, kind = _nvrtc_target(info.compute_capability)
     key = {"source": source_hash(source), "arch": info.arch, "target": arch_option,
@@ -126,11 +178,7 @@ def compile_source(source: str, options: tuple[str, ...] = (), *, name: str = "p
             raise CompileError(_compile_failure(source, name, e.get_message())) from None
         return binary.encode() if isinstance(binary, str) else bytes(binary)
 
-    hits_before = cache.stats.hits
-    binary = cache.get_or_build(key, build)
-    module = function.Module()
-    module.load(binary)  # cuModuleLoadData takes cubin or PTX (which the driver JIT-compiles)
-    return CudaModule(module, kind, cache.stats.hits > hits_before)
+    return key, build, kind
 
 
 def _nvrtc_target(cc: int) -> tuple[str, str]:

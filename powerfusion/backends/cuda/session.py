@@ -34,6 +34,9 @@ class CudaPlanRunner:
         from powerfusion.targets.specs import get_target
         # a cuda plan's kernels were rendered by the CUDA renderer at compile time: not again here
         rendered = get_target(plan.target).backend == "cuda"
+        if rendered:   # every kernel compiled at once on the usable cores, then loaded from the cache
+            from powerfusion.backends.cuda.runtime import precompile_sources
+            precompile_sources([(ks.source, (), ks.name) for s in plan.kernel_steps for ks in s.kernels])
         self.executors = {s.name: GIRExecutor(s.gir, sources=s.kernels if rendered else None)
                           for s in plan.kernel_steps}
         self.constants = {}
