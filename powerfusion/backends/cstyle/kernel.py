@@ -490,6 +490,7 @@ class KernelRenderer:
             launch_bounds=self.r.launch_bounds.format(threads=threads), params=params, lanes=self.r.lanes,
             units_per_group=upg, units=units, shared_bytes=self.shared_bytes,
             declarations=decls, body=body, faults=self.faults)
+        src = self.r.trim_headers(src)
         op_lines = op_line_ranges(src)
         return KernelSource(self.name, src, (groups, 1, 1), (threads, 1, 1), self.shared_bytes,
                             tuple(plist), op_lines)

@@ -47,6 +47,10 @@ class CRenderer:
     # (backends/cstyle/faults.py); a dialect without that refuses integer division itself
     device_faults = True
 
+    def trim_headers(self, source: str) -> str:
+        """A rendered kernel with the headers it does not need left out (dialects that can tell)."""
+        return source
+
     def ptr_cast(self, ctype: str, value: str) -> str:
         """`value` (a pointer) as a `ctype` pointer (C dialects spell it `((T*)(v))`)."""
         return f"reinterpret_cast<{ctype}*>({value})"
