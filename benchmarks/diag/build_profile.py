@@ -7,7 +7,8 @@ build/zoo-onnx), with an empty kernel and plan cache: `InferenceSession(target="
 cuda_graph)` plus the first run, as bench_zoo.py's "build s" takes it, under cProfile. Writes
 DIR/build_profile.json (per model: total seconds and the cumulative seconds of the build's
 parts) and prints the top functions by cumulative time. The search workers are other
-processes: their time shows as the parent's wait in the search call.
+processes: their time shows as the parent's wait in the search call (they run unprofiled; each
+search's span is logged in the timeline).
 """
 from __future__ import annotations
 
@@ -57,8 +58,11 @@ def _log_searches(folder: Path) -> None:
     """Each search (in whichever forked worker) appends pid, start, end, subgraph, ops to a file."""
     from powerfusion.pipeline import parallel
     inner = parallel._searched
+    parent = os.getpid()
 
     def timed(sub, graph, t, cache, search_kw):
+        if os.getpid() != parent:   # a forked worker inherits the parent's profiler: it would run 3x slower
+            sys.setprofile(None)
         t0 = time.time()
         try:
             return inner(sub, graph, t, cache, search_kw)
