@@ -3,20 +3,18 @@
     PYTHONPATH=$PWD python3 benchmarks/diag/build_profile.py --out DIR vit_b_16:fp32 gpt2:fp32 ...
 
 For each model:dtype of the zoo (`benchmarks/zoo_models.py`, exported here if not in
-build/zoo-onnx), with an empty kernel and plan cache: `InferenceSession(target="cuda",
-cuda_graph)` plus the first run, as bench_zoo.py's "build s" takes it, under cProfile. Writes
-DIR/build_profile.json (per model: total seconds and the cumulative seconds of the build's
-parts) and prints the top functions by cumulative time. The search workers are other
-processes: their time shows as the parent's wait in the search call (they run unprofiled; each
-search's span is logged in the timeline).
+build/zoo-onnx), each in a process of its own with an empty kernel and plan cache:
+`InferenceSession(target="cuda", cuda_graph)` plus the first run, as bench_zoo.py's "build s"
+takes it. Writes DIR/build_profile.json: per model the total seconds, the seconds of the
+build's parts (timers around the functions in PARTS; parts nest) and the search's timeline
+(each distinct subgraph's search in its worker process). No cProfile: a forked worker
+inherits the profiler (on Python 3.12 through sys.monitoring) and searches ~3x slower.
 """
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import subprocess
 import sys
 import tempfile
@@ -26,43 +24,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-# (label, file suffix, function name) of the parts worth naming; cumulative seconds each
+# (label, module, attribute) of the build's parts; each timed where it is called from (every
+# loaded powerfusion module's reference to the function is replaced by a timed one)
 PARTS = (
-    ("compile (partition, search, codegen)", "pipeline/driver.py", "compile"),
-    ("plan search", "pipeline/parallel.py", "search_all"),
-    ("NVRTC compile + load", "backends/cuda/runtime.py", "compile_source"),
-    ("NVRTC itself", "cupy/cuda/compiler.py", "compile_using_nvrtc"),
-    ("GIR executors", "backends/cuda/executor.py", "__init__"),
-    ("cuDNN graphs", "backends/cuda/cudnn_conv.py", None),
-    ("first run", "powerfusion/session.py", "run_bound"),
+    ("compile (import, partition, search, codegen)", "powerfusion.pipeline.driver", "compile"),
+    ("plan search", "powerfusion.pipeline.parallel", "search_all"),
+    ("CUDA plan runner (kernels, libraries, cuDNN)", "powerfusion.backends.cuda.session", "CudaPlanRunner.__init__"),
+    ("NVRTC (all kernels at once)", "powerfusion.backends.cuda.runtime", "precompile_sources"),
+    ("cuDNN convolutions (graphs, plan timing)", "powerfusion.backends.cuda.cudnn_conv", "plan_convs"),
+    ("first run (CUDA-graph capture)", "powerfusion.session", "InferenceSession.run_bound"),
 )
 
 
-def _part_seconds(stats: pstats.Stats) -> dict:
-    out = {}
-    for label, suffix, fn in PARTS:
-        total = 0.0
-        for (file, _, name), (_, _, _, ct, callers) in stats.stats.items():
-            if not file.replace("\\", "/").endswith(suffix) and suffix not in file:
-                continue
-            if fn is not None and name != fn:
-                continue
-            if fn is None and any(suffix in c[0] for c in callers):   # a module: calls from outside
-                continue
-            total += ct
-        out[label] = round(total, 3)
-    return out
+def _timed_parts() -> dict:
+    """Wrap each part's function in a timer (parent process only); returns the totals dict."""
+    import functools
+    import importlib
+    totals = {label: 0.0 for label, _, _ in PARTS}
+    for label, module, attr in PARTS:
+        mod = importlib.import_module(module)
+        owner, name = (mod, attr) if "." not in attr else (getattr(mod, attr.split(".")[0]), attr.split(".")[1])
+        fn = getattr(owner, name)
+
+        def timed(*a, __fn=fn, __label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return __fn(*a, **k)
+            finally:
+                totals[__label] += time.perf_counter() - t0
+
+        timed = functools.wraps(fn)(timed)
+        setattr(owner, name, timed)
+        if owner is mod:   # names imported elsewhere (`from ... import compile`)
+            for other in list(sys.modules.values()):
+                if getattr(other, "__name__", "").startswith("powerfusion") and getattr(other, name, None) is fn:
+                    setattr(other, name, timed)
+    return totals
 
 
 def _log_searches(folder: Path) -> None:
     """Each search (in whichever forked worker) appends pid, start, end, subgraph, ops to a file."""
     from powerfusion.pipeline import parallel
     inner = parallel._searched
-    parent = os.getpid()
 
     def timed(sub, graph, t, cache, search_kw):
-        if os.getpid() != parent:   # a forked worker inherits the parent's profiler: it would run 3x slower
-            sys.setprofile(None)
         t0 = time.time()
         try:
             return inner(sub, graph, t, cache, search_kw)
@@ -92,6 +97,7 @@ def profile_one(name: str, dtype: str, exports: Path) -> dict:
     import cupy
     import zoo_models
 
+    import powerfusion.backends.cuda.session  # noqa: F401 - loaded before its parts are wrapped
     from powerfusion import InferenceSession
     path = exports / zoo_models.export_name(name, 1, dtype)
     built = zoo_models.build(name, 1, dtype)
@@ -101,26 +107,17 @@ def profile_one(name: str, dtype: str, exports: Path) -> dict:
     feeds = dict(zip(built.names, built.args))
     timeline = Path(tempfile.mkdtemp(prefix="pf-searches-"))
     _log_searches(timeline)
-    prof = cProfile.Profile()
+    totals = _timed_parts()
     t_wall = time.time()
     t0 = time.perf_counter()
-    prof.enable()
     sess = InferenceSession(str(path), target="cuda", options={"cuda_graph": True})
     wanted = {sess.graph.outputs[0].name: ("cuda", None)}
     sess.run_bound(feeds, wanted)
     cupy.cuda.Device().synchronize()
-    prof.disable()
     total = time.perf_counter() - t0
-    stats = pstats.Stats(prof)
-    row = {"model": name, "dtype": dtype, "build_s": round(total, 3), "parts_s": _part_seconds(stats),
-           "search_timeline": _search_timeline(timeline, t_wall)}
-    stats.sort_stats("cumulative")
-    top = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:45]:
-        top.append({"where": f"{Path(file).name}:{line}:{fn}", "calls": nc, "cum_s": round(ct, 3),
-                    "own_s": round(tt, 3)})
-    row["top"] = top
-    return row
+    return {"model": name, "dtype": dtype, "build_s": round(total, 3),
+            "parts_s": {k: round(v, 3) for k, v in totals.items()},
+            "search_timeline": _search_timeline(timeline, t_wall)}
 
 
 def main(argv=None) -> int:
@@ -149,9 +146,7 @@ def main(argv=None) -> int:
                                    str(args.exports), "--one", str(res)], check=False, env=env)
             row = json.loads(res.read_text()) if res.exists() else {"case": case, "error": f"rc {proc.returncode}"}
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)
-        for t in row.get("top", [])[:30]:
-            print(f"   {t['cum_s']:8.2f} {t['own_s']:8.2f} {t['calls']:7d}  {t['where']}")
+        print(json.dumps(row), flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "build_profile.json").write_text(json.dumps(rows, indent=1))
     return 0
