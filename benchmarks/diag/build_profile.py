@@ -93,7 +93,7 @@ def _search_timeline(folder: Path, t_start: float) -> dict:
             "longest": [longest[3], longest[4], round(longest[2] - longest[1], 2)]}
 
 
-def profile_one(name: str, dtype: str, exports: Path) -> dict:
+def profile_one(name: str, dtype: str, exports: Path, gc_freeze: bool = True) -> dict:
     import cupy
     import zoo_models
 
@@ -108,6 +108,11 @@ def profile_one(name: str, dtype: str, exports: Path) -> dict:
     timeline = Path(tempfile.mkdtemp(prefix="pf-searches-"))
     _log_searches(timeline)
     totals = _timed_parts()
+    if not gc_freeze:   # A/B: the search's workers forked without the parent's heap frozen
+        import types
+
+        from powerfusion.pipeline import parallel
+        parallel.gc = types.SimpleNamespace(freeze=lambda: None, unfreeze=lambda: None)
     t_wall = time.time()
     t0 = time.perf_counter()
     sess = InferenceSession(str(path), target="cuda", options={"cuda_graph": True})
@@ -115,14 +120,15 @@ def profile_one(name: str, dtype: str, exports: Path) -> dict:
     sess.run_bound(feeds, wanted)
     cupy.cuda.Device().synchronize()
     total = time.perf_counter() - t0
-    return {"model": name, "dtype": dtype, "build_s": round(total, 3),
+    return {"model": name, "dtype": dtype, "gc_freeze": gc_freeze, "build_s": round(total, 3),
             "parts_s": {k: round(v, 3) for k, v in totals.items()},
             "search_timeline": _search_timeline(timeline, t_wall)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cases", nargs="+", help="model:dtype (zoo names)")
+    ap.add_argument("cases", nargs="+", help="model:dtype[:nofreeze] (zoo names; nofreeze: the search's "
+                                             "workers forked without gc.freeze, for an A/B)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--exports", type=Path, default=ROOT / "build" / "zoo-onnx")
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
@@ -130,9 +136,9 @@ def main(argv=None) -> int:
     if args.one:   # in a process of its own, with an empty cache folder (the parent's doing)
         import cupy
         cupy.arange(4).sum()   # CUDA context before the timing
-        name, dtype = args.cases[0].split(":")
+        name, dtype, *flags = args.cases[0].split(":")
         try:
-            row = profile_one(name, dtype, args.exports)
+            row = profile_one(name, dtype, args.exports, gc_freeze="nofreeze" not in flags)
         except Exception as e:  # noqa: BLE001 - a diagnostic: report and go on
             row = {"model": name, "dtype": dtype, "error": f"{type(e).__name__}: {e}"[:400]}
         args.one.write_text(json.dumps(row))

@@ -24,6 +24,7 @@ and names the subgraphs being searched.
 """
 from __future__ import annotations
 
+import gc
 import os
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
 
@@ -120,11 +121,16 @@ def _search_forked(todo, graph, t, workers: int, bar, decide, search_kw) -> None
         _search_here(todo, graph, t, bar, decide, search_kw)
         return
     _SHARED = (todo, graph, t, decide, search_kw)
+    # The parent's objects (a user's torch, the model) out of the collector's reach while the
+    # workers run: a worker's full collection would otherwise walk and write every one of them,
+    # copying the parent's whole heap page by page into each worker (Python's advice for forks).
+    gc.freeze()
     try:
         _run_pool(todo, workers, ctx, bar)
     except BrokenExecutor:   # a worker died (killed, out of memory): the pipeline searches what is missing here
         pass
     finally:
+        gc.unfreeze()
         _SHARED = ()
 
 
