@@ -120,8 +120,14 @@ class InferenceSession:
         if backend != "cpu":
             make_executor = _runtime(entry)
             detail = say if self.options.verbose >= 2 else None   # -vv: each subgraph as the search reaches it
-            plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
-                                                              precision=self.options.precision, progress=detail), (steps,))
+            prefetch = _KernelPrefetch(self.options) if backend == "cuda" else None
+            try:
+                plan = compile(model, self.target, CompileOptions(shapes=shapes, fallback=self.options.fallback,
+                                                                  precision=self.options.precision, progress=detail),
+                               (steps,) + ((prefetch,) if prefetch else ()))
+            finally:
+                if prefetch is not None:
+                    prefetch.pool.wait()
             steps.done(f"compile for {backend}")
             if detail:
                 detail("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
@@ -432,6 +438,19 @@ def _runtime(entry):
             f"the {entry.name} target is not available here ({e}). It needs {entry.requires}; "
             "use target='cpu' otherwise.") from None
     return make_executor
+
+
+class _KernelPrefetch(Observer):
+    """CUDA: each subgraph's kernels go to NVRTC on background threads as soon as they are
+    rendered, so that compiling them overlaps rendering the next subgraphs; the plan runner then
+    finds them in the kernel cache."""
+
+    def __init__(self, options):
+        from powerfusion.backends.cuda.runtime import KernelPrefetch
+        self.pool = KernelPrefetch(device=int(getattr(options, "device_id", 0)))
+
+    def rendered(self, sub, kernels) -> None:
+        self.pool.submit((k.source, (), k.name) for k in kernels)
 
 
 class _BuildSteps(Observer):

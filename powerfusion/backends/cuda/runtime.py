@@ -122,39 +122,70 @@ def compile_source(source: str, options: tuple[str, ...] = (), *, name: str = "p
 def precompile_sources(items, *, jobs: int | None = None, cache: KernelCache | None = None,
                        device: int | None = None) -> int:
     """Compile `(source, options, name)` items into the kernel cache at once, on `jobs` threads
-    (default: the usable cores), so that `compile_source` then finds each binary cached. NVRTC
-    compiles one program per call and holds no Python lock meanwhile (CuPy calls it `nogil`),
-    so a model's ~100 kernels take about 1 / jobs of the time one after another. Items already
-    cached, or repeated, are skipped; returns how many were compiled. A failure surfaces in
-    the later `compile_source` of the same item (with its message), not here."""
-    from concurrent.futures import ThreadPoolExecutor
+    (default: the usable cores), so that `compile_source` then finds each binary cached; returns
+    how many were compiled (see KernelPrefetch)."""
+    prefetch = KernelPrefetch(jobs=jobs, cache=cache, device=device)
+    prefetch.submit(items)
+    return prefetch.wait()
 
-    cache = cache if cache is not None else _default_cache()
-    todo: dict[str, tuple] = {}
-    for source, options, name in items:
-        key, build, _ = _nvrtc_job(source, tuple(options), name, device)
-        ident = json.dumps(key, sort_keys=True)
-        if ident not in todo and cache.lookup(key) is None:
-            todo[ident] = (key, build)
-    if not todo:
-        return 0
-    if jobs is None:
-        from powerfusion.pipeline.parallel import default_workers
-        jobs = default_workers()
 
-    def one(job) -> bool:
-        key, build = job
+class KernelPrefetch:
+    """NVRTC compiles into the kernel cache on background threads: `submit` hands kernels over
+    and returns at once, `wait` joins them. NVRTC compiles one program per call and holds no
+    Python lock meanwhile (CuPy calls it `nogil`), so a model's ~100 kernels take about 1 / jobs
+    of the time one after another, and while the pipeline renders the next subgraph's kernels.
+    Kernels already cached or already handed over are skipped. A failure surfaces in the later
+    `compile_source` of the same kernel (with its message), not here."""
+
+    def __init__(self, *, jobs: int | None = None, cache: KernelCache | None = None, device: int | None = None):
+        if jobs is None:
+            from powerfusion.pipeline.parallel import default_workers
+            jobs = default_workers()
+        self.jobs = max(1, jobs)
+        self.cache = cache if cache is not None else _default_cache()
+        self.device = device
+        self._seen: set[str] = set()
+        self._futures: list = []
+        self._pool = None
+
+    def submit(self, items) -> None:
+        from concurrent.futures import ThreadPoolExecutor
         try:
-            cache.get_or_build(key, build)
+            import cupy  # noqa: F401
+        except ImportError:   # nothing to compile with: loading the kernels will say so
+            return
+        for source, options, name in items:
+            key, build, _ = _nvrtc_job(source, tuple(options), name, self.device)
+            ident = json.dumps(key, sort_keys=True)
+            if ident in self._seen:
+                continue
+            self._seen.add(ident)
+            if self.cache.lookup(key) is not None:
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="pf-nvrtc")
+            self._futures.append(self._pool.submit(self._build, key, build))
+
+    def _build(self, key, build) -> bool:
+        try:
+            self.cache.get_or_build(key, build)
         except CompileError:
             return False   # raised again, with the same message, where the kernel is loaded
         return True
 
-    jobs = max(1, min(jobs, len(todo)))
-    if jobs == 1:
-        return sum(one(j) for j in todo.values())
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pf-nvrtc") as pool:
-        return sum(pool.map(one, todo.values()))
+    def wait(self) -> int:
+        """Join every compile handed over so far; how many built a binary."""
+        built = 0
+        for future in self._futures:
+            try:
+                built += bool(future.result())
+            except Exception:  # noqa: BLE001 - whatever it was, loading the kernel raises it again
+                pass
+        self._futures = []
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        return built
 
 
 def _nvrtc_job(source: str, options: tuple[str, ...], name: str, device: int | None):
