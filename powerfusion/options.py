@@ -80,6 +80,14 @@ def parse_bytes(value) -> int:
     return int(n)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (the default number of search workers and NVRTC threads)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:   # no affinity call on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 def default_memory_limit() -> int:
     """Three quarters of the machine's physical memory (16 GiB where that cannot be read)."""
     try:

@@ -35,10 +35,8 @@ from powerfusion.targets.specs import TargetSpec
 
 def default_workers() -> int:
     """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:   # no affinity call on this platform
-        return max(1, os.cpu_count() or 1)
+    from powerfusion.options import usable_cores
+    return usable_cores()
 
 
 def pending_searches(subgraphs, graph: BasicGraph, t: TargetSpec) -> list[tuple[str, Subgraph]]:

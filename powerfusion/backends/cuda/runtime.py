@@ -139,8 +139,8 @@ class KernelPrefetch:
 
     def __init__(self, *, jobs: int | None = None, cache: KernelCache | None = None, device: int | None = None):
         if jobs is None:
-            from powerfusion.pipeline.parallel import default_workers
-            jobs = default_workers()
+            from powerfusion.options import usable_cores
+            jobs = usable_cores()
         self.jobs = max(1, jobs)
         self.cache = cache if cache is not None else _default_cache()
         self.device = device
