@@ -25,7 +25,6 @@ and names the subgraphs being searched.
 from __future__ import annotations
 
 import gc
-import os
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
 
 from powerfusion.basic import BasicGraph, Subgraph
