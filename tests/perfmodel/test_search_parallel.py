@@ -137,3 +137,20 @@ def test_searches_run_with_fewer_young_collections(model, tmp_path, monkeypatch)
     finally:
         gc.set_threshold(*old)
         plancache.clear_memo()
+
+
+def _allocator_settings_in_worker(_):
+    return parallel.keep_freed_memory()
+
+
+def test_forked_workers_keep_freed_memory():
+    """The pool's workers set glibc's allocator to keep freed memory (pipeline/parallel.py,
+    keep_freed_memory), in the worker only; a C library without mallopt is left as it is."""
+    import multiprocessing as mp
+    import platform
+    with mp.get_context("fork").Pool(1) as pool:
+        kept = pool.map(_allocator_settings_in_worker, [0])[0]
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert kept is True
+    else:
+        assert kept in (True, False)
