@@ -12,6 +12,8 @@ Opset policy for the default domain:
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
 
@@ -183,8 +185,12 @@ def _annotate(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
 def _tensor_bytes(t: onnx.TensorProto) -> int:
     if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
         return 0
-    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+    return math.prod(t.dims) * _itemsize(t.data_type)
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize(data_type: int) -> int:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
 
 
 def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:

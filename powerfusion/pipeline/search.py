@@ -442,12 +442,60 @@ def feasibility(g: GIRGraph, t: TargetSpec, verify: bool = True) -> str:
             return reason
     renderer = _renderer(t)
     if renderer is not None:
-        from powerfusion.backends.source import RenderError
+        return _layout_refusal(renderer, g)
+    return ""
+
+
+def _layout_refusal(renderer, g: GIRGraph) -> str:
+    """'' where the renderer renders every kernel of `g`, else why not (its first RenderError,
+    kernels in order, as rendering the whole graph reports it). Each kernel's verdict is
+    remembered by what its rendering reads (renderer.render_kernel: the graph's name and
+    parallel structure, the kernel's gOperators, the buffers they name): the plans of one
+    search share many kernels (a template choice changes one kernel of several; Swin-T's
+    search rendered 2,534 kernels, 1,752 distinct)."""
+    from powerfusion.backends.source import RenderError
+    per_kernel = getattr(renderer, "render_kernel", None)
+    if per_kernel is None:   # a renderer that renders whole graphs only
         try:
             renderer.render(g)
         except RenderError as e:
             return f"renderer: {e}"[:300]
+        return ""
+    buffers = None
+    for k, ops in enumerate(g.kernels()):
+        if buffers is None:
+            buffers = {b.name: b for b in g.buffers}
+        key = _kernel_key(renderer, g, ops, buffers)
+        verdict = _LAYOUTS.get(key) if key is not None else None
+        if verdict is None:
+            try:
+                per_kernel(g, ops, k)
+                verdict = ""
+            except RenderError as e:
+                verdict = f"renderer: {e}"[:300]
+            if key is not None:
+                if len(_LAYOUTS) >= LAYOUT_MEMO:
+                    _LAYOUTS.clear()
+                _LAYOUTS[key] = verdict
+        if verdict:
+            return verdict
     return ""
+
+
+LAYOUT_MEMO = 4096   # kernels whose render verdict the search remembers (per process)
+_LAYOUTS: dict[tuple, str] = {}
+
+
+def _kernel_key(renderer, g: GIRGraph, ops, buffers: dict) -> tuple | None:
+    """What rendering one kernel reads (render_kernel's docstring); None where an op names a
+    buffer the graph lacks (not remembered: the renderer reports it)."""
+    from powerfusion.rewrite.base import op_facts
+    names = set()
+    for op in ops:
+        names |= op_facts(op).names   # inputs, outputs, gathered (indices, masks, guard)
+    if not names <= buffers.keys():
+        return None
+    return type(renderer), g.name, g.parallel, ops, tuple(buffers[n] for n in sorted(names))
 
 
 def verification(g: GIRGraph) -> str:

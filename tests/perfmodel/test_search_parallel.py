@@ -112,3 +112,45 @@ def test_compile_inside_a_pool_worker_searches_in_its_own_process(model, tmp_pat
     plancache.clear_memo()
     with mp.get_context("fork").Pool(1) as pool:
         assert pool.map(_compile_in_worker, [(model, tmp_path / "pool")])[0] == 3
+
+
+def test_searches_run_with_fewer_young_collections(model, tmp_path, monkeypatch):
+    """search_all raises the collector's young threshold while it searches (the forked workers
+    inherit it) and restores it afterwards; collection switched off (0) stays off."""
+    import gc
+    seen = []
+    real = search._search
+    monkeypatch.setattr(search, "_search", lambda *a, **k: seen.append(gc.get_threshold()) or real(*a, **k))
+    old = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with _fresh(tmp_path, "gc"):
+            _plans(model, workers=1)
+        assert seen and all(t == (parallel.SEARCH_GC_THRESHOLD, 10, 10) for t in seen), seen
+        assert gc.get_threshold() == (700, 10, 10)
+        with parallel.search_collector():
+            assert gc.get_threshold()[0] == parallel.SEARCH_GC_THRESHOLD
+        gc.set_threshold(0, 10, 10)
+        with parallel.search_collector():
+            assert gc.get_threshold()[0] == 0
+        assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*old)
+        plancache.clear_memo()
+
+
+def _allocator_settings_in_worker(_):
+    return parallel.keep_freed_memory()
+
+
+def test_forked_workers_keep_freed_memory():
+    """The pool's workers set glibc's allocator to keep freed memory (pipeline/parallel.py,
+    keep_freed_memory), in the worker only; a C library without mallopt is left as it is."""
+    import multiprocessing as mp
+    import platform
+    with mp.get_context("fork").Pool(1) as pool:
+        kept = pool.map(_allocator_settings_in_worker, [0])[0]
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert kept is True
+    else:
+        assert kept in (True, False)

@@ -166,11 +166,18 @@ class CPURenderer(CRenderer):
         return text
 
     def render(self, graph: GIRGraph) -> list[KernelSource]:
-        if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:
-            raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.units_per_group} unit(s) "
-                              f"of {graph.parallel.lanes} lane(s) per group; the CPU target runs one unit of one lane")
-        return [CPUKernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
-                for k, ops in enumerate(graph.kernels())]
+        _one_lane(graph)
+        return [self.render_kernel(graph, ops, k) for k, ops in enumerate(graph.kernels())]
+
+    def render_kernel(self, graph: GIRGraph, ops, k: int) -> KernelSource:
+        _one_lane(graph)
+        return CPUKernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
+
+
+def _one_lane(graph: GIRGraph) -> None:
+    if graph.parallel.units_per_group != 1 or graph.parallel.lanes != 1:
+        raise RenderError(f"GIR graph {graph.name} was planned for {graph.parallel.units_per_group} unit(s) "
+                          f"of {graph.parallel.lanes} lane(s) per group; the CPU target runs one unit of one lane")
 
 
 class _FlatTile(RegLayout):

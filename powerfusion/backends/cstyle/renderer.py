@@ -66,10 +66,13 @@ class CRenderer:
 
     # ---- public -------------------------------------------------------------------
     def render(self, graph: GIRGraph) -> list[KernelSource]:
-        out = []
-        for k, ops in enumerate(graph.kernels()):
-            out.append(KernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render())
-        return out
+        return [self.render_kernel(graph, ops, k) for k, ops in enumerate(graph.kernels())]
+
+    def render_kernel(self, graph: GIRGraph, ops, k: int) -> KernelSource:
+        """Kernel k of the graph (its gOperators `ops`, graph.kernels()[k]). What it renders, or
+        the RenderError it raises, depends on the graph's name and parallel structure, these ops
+        and the buffers they name, nothing else (the search remembers its verdicts by them)."""
+        return KernelRenderer(self, graph, ops, f"{sanitize(graph.name)}_k{k}").render()
 
     def convert(self, value: str, src: str, dst: str) -> str:
         """C expression converting `value` of dtype src to dtype dst."""

@@ -79,3 +79,25 @@ def test_shape_chains_deeper_than_a_fixed_round_cap_fold_completely():
     x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     (got,) = powerfusion.InferenceSession(model).run(None, {"x": x})
     np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
+def test_a_constant_folds_to_what_the_reference_evaluator_gives():
+    """fold.constant_value reads a Constant's `value` tensor without running onnx.reference: the
+    same dtype, shape and bytes for every element type the exporters write; other forms
+    (value_floats, value_int) are left to the evaluators."""
+    from powerfusion.frontend.evaluate import evaluate_reference
+    from powerfusion.frontend.fold import constant_value
+    T = onnx.TensorProto
+    values = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(7, np.int64), np.array([], np.int64),
+              np.array([1.5, -2.0], np.float16), np.array([True, False]), np.array([[3]], np.int32),
+              np.array(-0.0, np.float64), np.array([1, 255], np.uint8)]
+    for k, v in enumerate(values):
+        node = helper.make_node("Constant", [], [f"c{k}"], value=onnx.numpy_helper.from_array(v, f"v{k}"))
+        want = evaluate_reference(node, {}, 17)[0]
+        got = constant_value(node)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), v
+    bf16 = helper.make_node("Constant", [], ["b"], value=helper.make_tensor("b", T.BFLOAT16, [2], [1.0, -3.0]))
+    want, got = evaluate_reference(bf16, {}, 17)[0], constant_value(bf16)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    assert constant_value(helper.make_node("Constant", [], ["f"], value_floats=[1.0, 2.0])) is None
+    assert constant_value(helper.make_node("Constant", [], ["i"], value_int=3)) is None

@@ -186,3 +186,44 @@ def test_merged_plan_runs_when_every_rewrite_is_rejected(two_layernorms, cache, 
     out = run_gir(pc.graph, {pc.graph.inputs[0]: x.reshape(-1)})
     g, b = (graph.constants[t] for t in ("g1", "b1"))
     np.testing.assert_allclose(out[pc.graph.outputs[0]].reshape(R, N), _layernorm_ref(x, g, b), rtol=1e-5, atol=1e-5)
+
+
+def test_the_layout_check_remembers_each_kernels_verdict(two_layernorms):
+    """search._layout_refusal renders kernel by kernel and remembers each verdict by what the
+    rendering reads: a kernel met again is not rendered again, and a refusal reads as rendering
+    the whole graph reports it (its first RenderError)."""
+    from dataclasses import replace
+    from powerfusion.backends.source import RenderError
+    from powerfusion.pipeline import search
+    graph, (a, _) = two_layernorms
+    merged = lower_subgraph(a, graph, None, H100)
+    n = len(merged.kernels())
+    assert n > 1
+    base = type(search._renderer(H100))
+    calls = []
+
+    class Counting(base):
+        def render_kernel(self, g, ops, k):
+            calls.append(k)
+            return super().render_kernel(g, ops, k)
+
+    class Refusing(base):
+        def render_kernel(self, g, ops, k):
+            calls.append(k)
+            if k == 1:
+                raise RenderError("kernel 1 refused (simulated)")
+            return super().render_kernel(g, ops, k)
+
+    search._LAYOUTS.clear()
+    counting = Counting()
+    assert search._layout_refusal(counting, merged) == "" and calls == list(range(n))
+    assert search._layout_refusal(counting, merged) == "" and len(calls) == n   # every verdict remembered
+    assert search._layout_refusal(counting, replace(merged, name="other")) == "" and len(calls) == 2 * n
+    refusing = Refusing()
+    with pytest.raises(RenderError) as refused:
+        refusing.render(merged)
+    calls.clear()
+    assert search._layout_refusal(refusing, merged) == f"renderer: {refused.value}" and calls == [0, 1]
+    calls.clear()
+    assert search._layout_refusal(refusing, merged) == f"renderer: {refused.value}" and calls == []
+    search._LAYOUTS.clear()
