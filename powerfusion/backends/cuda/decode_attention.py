@@ -331,14 +331,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, RESIDENT) pf_decode_attent
         pacc[x] = s;
     }
     if (tid < GROUP) { pml[tid * 2] = s_m[tid]; pml[tid * 2 + 1] = s_l[tid]; }
-    // the block's partials written (barrier), then one fence at device scope before the arrival
-    // count, as cooperative groups' grid sync does (a fence in every thread stalled each warp
-    // ~1,000 cycles at KV 1K)
+    __threadfence();
     __syncthreads();
-    if (tid == 0) {
-        __threadfence();
-        s_last = atomicAdd(&arrivals[head], 1u) == (unsigned)(chunks - 1);
-    }
+    if (tid == 0) s_last = atomicAdd(&arrivals[head], 1u) == (unsigned)(chunks - 1);
     __syncthreads();
     if (!s_last) return;
     __threadfence();
