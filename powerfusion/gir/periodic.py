@@ -146,7 +146,8 @@ def _periodic(e: Expr) -> tuple[int, int]:
     return p, 0
 
 
-def _consecutive(units: np.ndarray) -> bool:
+def consecutive(units: np.ndarray) -> bool:
+    """One run of consecutive unit ids (what the period arguments need)."""
     return units.ndim == 1 and units.size > 0 and int(units[-1]) - int(units[0]) + 1 == units.size \
         and bool(np.all(np.diff(units) == 1))
 
@@ -164,7 +165,7 @@ def deciding_units(units, predicates, num: int, width: int) -> np.ndarray | None
     distinct (residue, run of blocks, signs of the u-only atoms); two units that agree on those
     give every atom the same truth values on every element."""
     units = np.asarray(units, np.int64)
-    if num * width == 0 or not _consecutive(units):
+    if num * width == 0 or not consecutive(units):
         return None
     atoms: list = []
     for e in predicates:

@@ -38,14 +38,9 @@ import gc
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, ProcessPoolExecutor, wait
 
 from powerfusion.basic import BasicGraph, Subgraph
+from powerfusion.options import usable_cores
 from powerfusion.pipeline import plancache
 from powerfusion.targets.specs import TargetSpec
-
-
-def default_workers() -> int:
-    """The cores this process may run on."""
-    from powerfusion.options import usable_cores
-    return usable_cores()
 
 
 def pending_searches(subgraphs, graph: BasicGraph, t: TargetSpec) -> list[tuple[str, Subgraph]]:
@@ -66,7 +61,7 @@ def search_all(subgraphs, graph: BasicGraph, t: TargetSpec, *, workers: int = 0,
     todo = pending_searches(subgraphs, graph, t)
     if not todo:
         return 0
-    workers = min(workers or default_workers(), len(todo))
+    workers = min(workers or usable_cores(), len(todo))
     from powerfusion.progress import progress_bar
     bar = progress_bar(total=len(todo), desc="plan search" if how == "search" else "lowering to GIR",
                        unit="subgraph", enabled=progress)

@@ -461,10 +461,8 @@ def _layout_refusal(renderer, g: GIRGraph) -> str:
         except RenderError as e:
             return f"renderer: {e}"[:300]
         return ""
-    buffers = None
+    buffers = {b.name: b for b in g.buffers}
     for k, ops in enumerate(g.kernels()):
-        if buffers is None:
-            buffers = {b.name: b for b in g.buffers}
         key = _kernel_key(renderer, g, ops, buffers)
         verdict = _LAYOUTS.get(key) if key is not None else None
         if verdict is None:

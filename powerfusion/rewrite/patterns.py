@@ -437,18 +437,27 @@ def _injective_on(w: MemorySlice, w_units, parallel: Parallel, buffers, sample: 
     if sample:
         w_units = sampled_units(w_units, w.count, exprs=(w.index,))
     elif buffers is None:
-        known = injective_by_period(w, w_units, parallel.units_per_group)
+        known = injective_by_period(w, w_units, parallel)
         if known is not None:
             return known
+    return not _repeats(_keyed_addresses(w, w_units, parallel, buffers))
+
+
+def _keyed_addresses(w: MemorySlice, w_units, parallel: Parallel, buffers) -> np.ndarray:
+    """The valid addresses the slice writes over these units, sorted, each keyed by its owner
+    below GLOBAL (shared memory by group, registers by unit): a repeat is an element written twice."""
     addr = w.addresses(w_units, buffers)
     m = w.mask(w_units, buffers)
     u = np.asarray(w_units, np.int64)[:, None]
-    owner = u // parallel.units_per_group if w.level.name == "SHARED" else u if w.level.name == "REGISTER" else 0
-    vals = np.sort((addr + owner * (int(addr.max(initial=0)) + 1))[m], kind="stable")
-    return not bool(np.any(vals[1:] == vals[:-1]))
+    owner = u // parallel.units_per_group if w.level == Level.SHARED else u if w.level == Level.REGISTER else 0
+    return np.sort((addr + owner * (int(addr.max(initial=0)) + 1))[m], kind="stable")
 
 
-def injective_by_period(w: MemorySlice, w_units, units_per_group: int = 1) -> bool | None:
+def _repeats(vals: np.ndarray) -> bool:
+    return bool(np.any(vals[1:] == vals[:-1]))
+
+
+def injective_by_period(w: MemorySlice, w_units, parallel: Parallel) -> bool | None:
     """The exact answer of `_injective_on` over consecutive units from one period of them, or
     None where this argument does not settle it. With the slice's index quasi-periodic in u
     (gir/periodic.py: index(u + P) = index(u) + S for every u, i, j) and its validity periodic
@@ -462,32 +471,26 @@ def injective_by_period(w: MemorySlice, w_units, units_per_group: int = 1) -> bo
     search were these checks over every unit)."""
     from math import lcm
 
-    from powerfusion.gir.periodic import GAIN, shape
+    from powerfusion.gir.periodic import GAIN, consecutive, shape
     units = np.asarray(w_units, np.int64)
-    if units.ndim != 1 or units.size < 2 or int(units[-1]) - int(units[0]) + 1 != units.size \
-            or not bool(np.all(np.diff(units) == 1)):
+    if units.size < 2 or not consecutive(units):
         return None
     index = shape(w.index)
     valid = (1, 0) if w.valid is None else shape(w.valid)
     if index is None or valid is None or valid[1] != 0:
         return None
-    owner = {Level.GLOBAL: 0, Level.REGISTER: 1, Level.SHARED: max(1, units_per_group)}[w.level]
-    period = lcm(index[0], valid[0], owner or 1)
+    period = lcm(index[0], valid[0], parallel.units_per_group if w.level == Level.SHARED else 1)
     slope = index[1] * (period // index[0])
     if units.size < GAIN * period:
         return None
-    block = units[:period]
-    addr, m = w.addresses(block), w.mask(block)
-    if owner:
-        keyed = addr + (block // owner)[:, None] * (int(addr.max(initial=0)) + 1)
-        vals = np.sort(keyed[m], kind="stable")
-        return not bool(np.any(vals[1:] == vals[:-1]))
-    vals = np.sort(addr[m], kind="stable")
-    if np.any(vals[1:] == vals[:-1]) or (slope == 0 and vals.size):   # slope 0: block 1 writes block 0's addresses
+    vals = _keyed_addresses(w, units[:period], parallel, None)
+    if _repeats(vals):
         return False
-    if vals.size == 0 or int(vals[-1]) - int(vals[0]) < abs(slope):
+    if w.level != Level.GLOBAL:
         return True
-    return None
+    if slope == 0:   # block 1 writes block 0's addresses again
+        return vals.size == 0
+    return True if vals.size == 0 or int(vals[-1]) - int(vals[0]) < abs(slope) else None
 
 
 _NEED = {Level.REGISTER: "lane", Level.SHARED: "group", Level.GLOBAL: None}

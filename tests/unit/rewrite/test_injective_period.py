@@ -51,7 +51,7 @@ CASES = [
 def test_one_period_decides_like_every_unit(index, valid, level, expected):
     w = MemorySlice("T", level, index, 8, 16, F32, 1, valid)
     units = np.arange(0, 64 * 8, dtype=np.int64)
-    got = injective_by_period(w, units, PAR.units_per_group)
+    got = injective_by_period(w, units, PAR)
     assert got == expected
     if got is not None:
         assert got == _every_unit(w, units)
@@ -60,7 +60,7 @@ def test_one_period_decides_like_every_unit(index, valid, level, expected):
 
 def test_not_applied_where_it_cannot_gain_or_units_are_not_consecutive():
     w = MemorySlice("T", Level.GLOBAL, (U // 64) * 8192 + (U % 64) * 128 + I * 16 + J, 8, 16, F32)
-    assert injective_by_period(w, np.arange(0, 128, dtype=np.int64)) is None          # 2 periods < GAIN
-    assert injective_by_period(w, np.arange(0, 1024, 2, dtype=np.int64)) is None      # not consecutive
+    assert injective_by_period(w, np.arange(0, 128, dtype=np.int64), PAR) is None          # 2 periods < GAIN
+    assert injective_by_period(w, np.arange(0, 1024, 2, dtype=np.int64), PAR) is None      # not consecutive
     shared = MemorySlice("T", Level.SHARED, (U % 4) * 128 + I * 16 + J, 8, 16, F32)
-    assert injective_by_period(shared, np.arange(0, 12, dtype=np.int64), 4) is None   # 3 groups < GAIN
+    assert injective_by_period(shared, np.arange(0, 12, dtype=np.int64), PAR) is None   # 3 groups < GAIN
