@@ -107,6 +107,10 @@ def run_ours(path: Path, built, ref: np.ndarray, dtype: str) -> tuple[dict, dict
         routes = list(getattr(runner, "conv_routes", {}).values())
         row["convs_im2col"] = sum(r.startswith("im2col") for r in routes)   # the rest through cuDNN
         row["convs_cudnn"] = len(routes) - row["convs_im2col"]
+        reasons = sorted(set(getattr(runner, "fallbacks", {}).values()))
+        if reasons:   # why a library call did not take its fast route (e.g. cuDNN missing)
+            row["fallbacks"] = reasons[:3]
+            print(f"{path.name}: {len(runner.fallbacks)} fallback(s): {reasons[0]}", flush=True)
         return row, prof
     except Exception as e:
         row["error"] = f"{stage}: {_one_line(e)}"

@@ -2,9 +2,12 @@
 family is fastest on the device, and does the model agree).
 
     PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py prepare rmsnorm_32768x256-bfloat16,... OUT.pkl [LIMIT]
+    PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py prepare-model MODEL.onnx sg2,sg9 OUT.pkl [LIMIT]
     PYTHONPATH=$PWD python3 benchmarks/diag/plan_variants.py run OUT.pkl          # on the GPU
 
-Keys are gir_cases names with the dtype (precompile.case_key). Timing: CUDA-graph replay with
+Keys are gir_cases names with the dtype (precompile.case_key); `prepare-model` takes a model's
+subgraphs by name (as `powerfusion compile` names them) and adds the search's own pick, labelled
+"searched". Timing: CUDA-graph replay with
 inputs rotated past the L2 (pipeline.tune.time_graph).
 """
 from __future__ import annotations
@@ -62,6 +65,38 @@ def prepare(keys: list[str], out: str, limit: int = 40) -> None:
     Path(out).write_bytes(pickle.dumps(rows))
 
 
+def prepare_model(model: str, names: list[str], out: str, limit: int = 64) -> None:
+    from powerfusion.pipeline.driver import front
+    from powerfusion.pipeline.search import choose_plan, feasibility
+    from powerfusion.rewrite import optimise
+    from powerfusion.targets.specs import get_target
+    from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
+    t = get_target("cuda")
+    part = front(model, "cuda")
+    graph = part.graph
+    rows = []
+    for sub in part.subgraphs:
+        if sub.name not in names:
+            continue
+        case = f"{Path(model).stem}:{sub.name}"
+        choice = choose_plan(sub, graph, t, cache=False)
+        rows.append({"case": case, "labels": "searched " + " ".join(_short(x) for x in choice.labels),
+                     "graph": choice.graph})
+        ctx = lowering_context(sub, graph, t)
+        for plan in [None] + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
+            try:
+                g, _ = optimise(lower_subgraph(sub, graph, plan, t, ctx=ctx))
+            except Exception as e:
+                print(f"{case}: rejected ({type(e).__name__})", flush=True)
+                continue
+            if feasibility(g, t):
+                continue
+            labels = "default" if plan is None else " ".join(_short(c.label) for c in plan.values())
+            rows.append({"case": case, "labels": labels, "graph": g})
+        print(f"{case}: {sum(r['case'] == case for r in rows)} plans", flush=True)
+    Path(out).write_bytes(pickle.dumps(rows))
+
+
 def run(path: str) -> None:
     from powerfusion.perfmodel.cost import estimate, predict_seconds
     from powerfusion.targets.specs import get_target
@@ -88,6 +123,8 @@ def run(path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["prepare"]:
         prepare(sys.argv[2].split(","), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 40)
+    elif sys.argv[1:2] == ["prepare-model"]:
+        prepare_model(sys.argv[2], sys.argv[3].split(","), sys.argv[4], int(sys.argv[5]) if len(sys.argv) > 5 else 64)
     elif sys.argv[1:2] == ["run"]:
         run(sys.argv[2])
     else:

@@ -101,6 +101,48 @@ def test_a_bias_feeding_arithmetic_stays_in_the_kernel():
     assert fold_gemm_bias(graph, "cuda") == 0
 
 
+def _convnext_tail(perm=(0, 3, 1, 2)):
+    """ConvNeXt's block tail: Linear (MatMul + bias) over NHWC, permuted back to NCHW, scaled per
+    channel and added to the block's input. perm=(0, 2, 1, 3) keeps the bias axis last."""
+    rng = np.random.default_rng(3)
+    n, hw, c = 1, 4, 8
+    inits = [nh.from_array((rng.standard_normal((4 * c, c)) / 8).astype(np.float16), "w"),
+             nh.from_array(rng.standard_normal(c).astype(np.float16), "b"),
+             nh.from_array(rng.standard_normal((c, 1, 1)).astype(np.float16), "gamma")]
+    out = [n, c, hw, hw] if tuple(perm) == (0, 3, 1, 2) else [n, hw, hw, c]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["xw"]), h.make_node("Add", ["xw", "b"], ["z"]),
+             h.make_node("Transpose", ["z"], ["zt"], perm=list(perm)),
+             h.make_node("Mul", ["zt", "gamma" if out[1] == c else "zt"], ["s"]),
+             h.make_node("Add", ["s", "r"], ["y"])]
+    g = h.make_graph(nodes, "tail", [h.make_tensor_value_info("x", T.FLOAT16, [n, hw, hw, 4 * c]),
+                                     h.make_tensor_value_info("r", T.FLOAT16, out)],
+                     [h.make_tensor_value_info("y", T.FLOAT16, out)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+
+
+def _tail_feeds(model):
+    rng = np.random.default_rng(4)
+    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float16)
+            for i in model.graph.input}
+
+
+def test_a_bias_read_across_its_axis_by_a_transpose_goes_into_the_gemm():
+    """ConvNeXt: the permute back to NCHW reads z across the bias axis, so the add would be a
+    kernel of its own; it goes into the GEMM and the result is unchanged."""
+    model = _convnext_tail()
+    graph = import_model(model)
+    want = run_basic_graph(graph, _tail_feeds(model))["y"]
+    assert fold_gemm_bias(graph, "cuda") == 1
+    mm = next(n for n in graph.nodes if isinstance(n.op, MatMul))
+    assert mm.op.bias and mm.inputs[2] == "b"
+    assert _rel(run_basic_graph(graph, _tail_feeds(model))["y"], want) < TOL
+
+
+def test_a_transpose_keeping_the_bias_axis_last_leaves_the_add_in_the_kernel():
+    graph = import_model(_convnext_tail(perm=(0, 2, 1, 3)))
+    assert fold_gemm_bias(graph, "cuda") == 0
+
+
 def test_the_compiled_cuda_plan_matches_onnxruntime_on_the_interpreter():
     ort = pytest.importorskip("onnxruntime")
     from powerfusion.compiler import compile_model
@@ -150,6 +192,19 @@ def test_fused_qkv_on_cuda_matches_onnxruntime(cuda_graph):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, _feeds())[0]
     assert _rel(got, ref) < TOL
     assert not any("bias" in why for why in sess.fallbacks.values()), sess.fallbacks
+
+
+@pytest.mark.gpu
+def test_convnext_tail_on_cuda_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    from powerfusion import InferenceSession
+    model = _convnext_tail()
+    feeds = _tail_feeds(model)
+    sess = InferenceSession(model.SerializeToString(), target="cuda", options={"cuda_graph": True})
+    got = sess.run(None, feeds)[0]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert _rel(got, ref) < TOL
+    assert not sess.fallbacks, sess.fallbacks
 
 
 def _numpy_views(x: np.ndarray, new: tuple) -> bool:
