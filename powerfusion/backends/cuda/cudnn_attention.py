@@ -9,7 +9,8 @@ cuBLAS products and a CuPy softmax, outside CUDA-graph capture). Execution is on
 `cudnnBackendExecute` on the handle's stream with the session's planned workspace.
 
 What goes to cuDNN: fp16 / bf16, head sizes that are multiples of 8 up to 128, a bias (if any)
-that is one [Sq, Skv] matrix or one per batch x head. Probabilities cuDNN cannot zero the way
+that is one [Sq, Skv] matrix, one per batch x head, or (rank 4) one per batch or per head
+broadcast over the other. Probabilities cuDNN cannot zero the way
 the exporters' guard where(isnan(p), 0, p) does (`nan_to_zero`: a row whose scores are all
 -inf) only arise from such a bias row or from NaN / inf inputs: with `nan_to_zero` the bias must
 be a constant with a finite entry in every row, and the NaN-input case differs (cuDNN: NaN,
@@ -78,9 +79,13 @@ def attention_shape(graph, node) -> tuple[AttentionShape | None, str]:
         if b[-2:] != (q[-2], k[-2]):
             return None, f"bias of shape {t[node.inputs[3]].shape} broadcast over rows (cuDNN wants [Sq, Skv] planes)"
         blead = int(np.prod(b[:-2], dtype=np.int64))
-        if blead not in (1, lead[0] * lead[1]) or (blead != 1 and tuple(b[:-2]) != tuple(q[:-2])):
+        if len(b) == 4 and len(q) == 4 and all(d in (1, e) for d, e in zip(b[:2], q[:2])):
+            bias = b   # [1 or B, 1 or H, Sq, Skv]: cuDNN broadcasts the unit axes (a padding
+            # mask per sequence, BERT's [B, 1, S, S]; a relative-position bias per head, Swin's)
+        elif blead not in (1, lead[0] * lead[1]) or (blead != 1 and tuple(b[:-2]) != tuple(q[:-2])):
             return None, f"bias of shape {t[node.inputs[3]].shape} broadcast over some leading axes only"
-        bias = (1, 1, *b[-2:]) if blead == 1 else _as_4d(b)
+        else:
+            bias = (1, 1, *b[-2:]) if blead == 1 else _as_4d(b)
     perm = tuple(node.op.out_perm)
     if perm and len(q) != 4:
         return None, f"an output transpose of a rank-{len(q)} attention"

@@ -174,3 +174,60 @@ def test_attention_on_cuda_matches(cudnn, guard, mask, merge, monkeypatch):
     on_cudnn = cudnn and mask == "causal"
     assert (len(runner.attentions) == 1) == on_cudnn, runner.fallbacks
     assert _rel(got, want) < TOL and _rel(again, want) < TOL
+
+
+BB = 2   # batch of the per-batch / per-head bias cases
+
+
+def _bias_model(bias_shape):
+    """softmax(q k^T / sqrt(D) + bias) v over [BB, H, S, D], the bias a graph input of
+    `bias_shape`: BERT's padding mask per sequence [BB, 1, S, S], a per-head bias [1, H, S, S]."""
+    inits = [nh.from_array(np.array(np.sqrt(D), np.float16), "sqrt_d")]
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["q", "kt"], ["s"]),
+             h.make_node("Div", ["s", "sqrt_d"], ["ss"]), h.make_node("Add", ["ss", "bias"], ["sm"]),
+             h.make_node("Softmax", ["sm"], ["p"], axis=-1), h.make_node("MatMul", ["p", "v"], ["y"])]
+    ins = [h.make_tensor_value_info(n, T.FLOAT16, [BB, H, S, D]) for n in "qkv"]
+    ins.append(h.make_tensor_value_info("bias", T.FLOAT16, list(bias_shape)))
+    g = h.make_graph(nodes, "biased", ins, [h.make_tensor_value_info("y", T.FLOAT16, [BB, H, S, D])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _bias_feeds(bias_shape):
+    rng = np.random.default_rng(9)
+    feeds = {n: rng.standard_normal((BB, H, S, D)).astype(np.float16) for n in "qkv"}
+    feeds["bias"] = np.where(rng.random(bias_shape) < 0.2, -1e4, rng.standard_normal(bias_shape)).astype(np.float16)
+    return feeds
+
+
+BIAS_SHAPES = [(1, 1, S, S), (BB, 1, S, S), (1, H, S, S), (BB, H, S, S)]
+
+
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES)
+def test_a_bias_per_batch_or_per_head_goes_to_cudnn(bias_shape):
+    """attention_shape (no GPU needed) hands cuDNN a rank-4 bias broadcast over batch or heads
+    as it is stored; a [1, 1, 1, S] row mask (broadcast over rows) is still refused."""
+    from powerfusion.backends.cuda.cudnn_attention import attention_shape
+    graph = import_model(_bias_model(bias_shape))
+    assert fuse_attention(graph) == 1
+    node = next(n for n in graph.nodes if isinstance(n.op, Attention))
+    shape, why = attention_shape(graph, node)
+    assert why == "" and shape.bias == bias_shape
+    rows = import_model(_bias_model((1, 1, 1, S)))
+    fuse_attention(rows)
+    node = next(n for n in rows.nodes if isinstance(n.op, Attention))
+    assert "broadcast over rows" in attention_shape(rows, node)[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_shape", BIAS_SHAPES)
+def test_a_bias_per_batch_or_per_head_on_cuda_matches(bias_shape):
+    """cuDNN inside the captured graph (no stand-in), against the decomposed graph."""
+    import powerfusion
+    model = _bias_model(bias_shape)
+    feeds = _bias_feeds(bias_shape)
+    want = run_basic_graph(import_model(model), feeds)["y"]
+    with powerfusion.options.context(cuda_graph=True):
+        sess = powerfusion.InferenceSession(model.SerializeToString(), target="cuda")
+        got = sess.run(None, feeds)[0]
+    assert len(sess._executor.attentions) == 1 and not sess._executor.fallbacks, sess._executor.fallbacks
+    assert _rel(got, want) < TOL
