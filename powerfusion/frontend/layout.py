@@ -10,8 +10,10 @@ How: each chosen Conv becomes Transpose(NCHW -> NHWC) -> Conv(channels_last) -> 
 its weight constant stored KRSC. Then transposes sink: a Transpose whose every consumer can
 compute in the transposed layout (elementwise ops whose other operands are transposed the same
 way or broadcast constants, broadcasts, pooling windows, reductions, other transposes) is moved below them, and a Transpose
-meeting its inverse vanishes. Between two convolutions of a ResNet block, the BatchNorm, ReLU
-and residual Add then run on NHWC data and no layout change is left; where one remains (before
+meeting its inverse vanishes. An operand the graph already transposes the inverse way ahead of
+the consumer (the residual stream of ConvNeXt, read NHWC by its depthwise conv) is taken in
+that layout, so the transpose sinks through the residual add too. Between two convolutions of
+a ResNet block, the BatchNorm, ReLU and residual Add then run on NHWC data and no layout change is left; where one remains (before
 pooling windows, reshapes, the classifier), it is a move the memory-bound kernel around it
 fuses. The graph computes the same values: only the order of elements in memory changes.
 """
@@ -29,29 +31,40 @@ TO_NCHW = (0, 3, 1, 2)
 LOW_PRECISION = ("float16", "bfloat16")
 
 
-def wants_channels_last(graph: BasicGraph, node: BasicNode) -> bool:
-    """A 2-D fp16 / bf16 Conv with a constant weight that is neither depthwise (depthwise convs
-    are memory-bound GIR templates, which read NCHW windows) nor a patch embedding (kernel equal
-    to stride, larger than 1x1, no padding: ViT's 16x16 / 16 stem, ConvNeXt's 4x4 / 4). A patch embedding is a GEMM
-    over disjoint patches: on NCHW the CUDA session times cuDNN against im2col + cuBLAS and keeps
-    the faster, where channels-last leaves cuDNN alone (measured on the H200, ViT-B/16 fp16:
-    cuDNN's NHWC engine for the 16x16 / 16 stem took 58 us of a 951 us run)."""
+def wants_channels_last(graph: BasicGraph, node: BasicNode, consumers: dict | None = None) -> bool:
+    """A 2-D fp16 / bf16 Conv with a constant weight that is not an image's patch embedding
+    (kernel equal to stride, larger than 1x1, no padding, at most 4 input channels: ViT's
+    16x16 / 16 stem, ConvNeXt's 4x4 / 4). Such a stem is a GEMM over disjoint patches: on NCHW
+    the CUDA session times cuDNN against im2col + cuBLAS and keeps the faster, where
+    channels-last leaves cuDNN alone (measured on the H200, ViT-B/16 fp16: cuDNN's NHWC engine
+    for the 16x16 / 16 stem took 58 us of a 951 us run).
+
+    A depthwise conv (a memory-bound GIR template) goes channels-last only where the model
+    itself moves its result to NHWC (every reader a Transpose (0, 2, 3, 1): ConvNeXt's block,
+    whose LayerNorm and Linear layers run channels-last); it then runs as conv.depthwise.cols
+    with its lanes along C. Elsewhere it stays NCHW, where the strip and stencil templates reuse
+    the window in registers or shared memory: measured on the H200 (fp16), channels-last
+    depthwise convs took ConvNeXt-T batch 8 from 1334 to 1036 us but EfficientNet-B0 batch 8
+    from 1074 to 1556 us and MobileNetV3-Small from 402 to 472 us."""
     op = node.op
     if not isinstance(op, Conv) or op.channels_last or len(op.strides) != 2:
         return False
     x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
     if np.dtype(x.dtype).name not in LOW_PRECISION or node.inputs[1] not in graph.constants:
         return False
-    depthwise = op.group > 1 and op.group == x.shape[1] and w.shape[0] == op.group
+    if op.group > 1 and op.group == x.shape[1] and w.shape[1] == 1:   # depthwise
+        readers = (consumers if consumers is not None else graph.consumers()).get(node.outputs[0], [])
+        return bool(readers) and all(isinstance(r.op, Transpose) and tuple(r.op.perm) == TO_NHWC for r in readers)
     patches = tuple(w.shape[2:]) == tuple(op.strides) != (1, 1) and not any(op.pad_begins) and not any(op.pad_ends) \
-        and all(d == 1 for d in op.dilations)
-    return not depthwise and not patches
+        and all(d == 1 for d in op.dilations) and x.shape[1] <= 4
+    return not patches
 
 
 def to_channels_last(graph: BasicGraph) -> int:
     """Rewrite `graph` in place as the module docstring says; returns how many convolutions
     now run channels-last (0: the graph is unchanged)."""
-    convs = [n for n in graph.nodes if wants_channels_last(graph, n)]
+    consumers = graph.consumers()
+    convs = [n for n in graph.nodes if wants_channels_last(graph, n, consumers)]
     if not convs:
         return 0
     r = _Rewriter(graph)
@@ -117,13 +130,24 @@ class _Rewriter:
         g, op = self.g, node.op
         x, w = node.inputs[0], node.inputs[1]
         to_nhwc = self._transposed(x, TO_NHWC, None, node.origin)
-        w_krsc = self._constant(w, g.constants[w].transpose(TO_NHWC))
+        pre = []
+        if op.group > 1 and g.tensors[w].shape[1] == 1:
+            # depthwise: the weight stored [1, *K, C] (the channel, along which the template's
+            # lanes run, innermost), read as KRSC [C, *K, 1] through a Transpose the lowering
+            # folds into the conv's weight loads: a warp's tap then reads 32 adjacent weights
+            # instead of 32 scattered ones (KRSC would put the channels KH * KW apart)
+            rank = g.constants[w].ndim
+            stored = self._constant(w, g.constants[w].transpose((*range(1, rank), 0)))
+            read = self._transposed(stored, (rank - 1, *range(1, rank - 1), 0), None, node.origin)
+            pre, w_krsc = [read], read.outputs[0]
+        else:
+            w_krsc = self._constant(w, g.constants[w].transpose(TO_NHWC))
         y = g.tensors[node.outputs[0]]
         y_nhwc = self._tensor(y.name, tuple(y.shape[i] for i in TO_NHWC), y.dtype)
         conv = BasicNode(node.name, Conv(op.strides, op.pad_begins, op.pad_ends, op.dilations, op.group, True),
                          (to_nhwc.outputs[0], w_krsc, *node.inputs[2:]), (y_nhwc,), node.origin)
         back = self._transposed(y_nhwc, TO_NCHW, y.name, node.origin)
-        self._replace(node, [to_nhwc, conv, back])
+        self._replace(node, [to_nhwc, *pre, conv, back])
 
     # ---- sinking -----------------------------------------------------------------------
     def sink_one(self) -> bool:
@@ -151,6 +175,18 @@ class _Rewriter:
             return p.inputs[0]
         return None
 
+    def _before_transposed(self, t: str, perm, before: BasicNode) -> str | None:
+        """`t` in the layout before `perm` where the graph already computes it ahead of `before`:
+        the output of a Transpose of `t` by the inverse of `perm` (ConvNeXt: the residual stream
+        that a channels-last depthwise conv already reads transposed to NHWC)."""
+        inv = _inverse(perm)
+        for n in self.g.nodes:
+            if n is before:
+                return None
+            if isinstance(n.op, Transpose) and n.inputs[0] == t and tuple(n.op.perm) == inv:
+                return n.outputs[0]
+        return None
+
     def _broadcast_constant(self, t: str, producer) -> bool:
         p = producer.get(t)
         return p is not None and isinstance(p.op, Broadcast) and p.inputs[0] in self.g.constants
@@ -170,6 +206,7 @@ class _Rewriter:
         if isinstance(user.op, Elementwise):
             return all(self._source(t, perm, producer) is not None or self._broadcast_constant(t, producer)
                        or (t in self.g.constants and self.g.constants[t].ndim == len(perm))
+                       or self._before_transposed(t, perm, user) is not None
                        for t in user.inputs)
         return False
 
@@ -200,6 +237,8 @@ class _Rewriter:
         pre, ins = [], []
         for t in user.inputs:
             s = src if t == tr.outputs[0] else self._source(t, perm, producer)
+            if s is None and not (t in self.g.constants or self._broadcast_constant(t, producer)):
+                s = self._before_transposed(t, perm, user)
             if s is None:
                 s, made = self._untransposed_operand(t, perm, producer, user.origin)
                 pre.extend(made)

@@ -95,12 +95,13 @@ def has_gir_template(graph: BasicGraph, node: BasicNode, target: str = "cpu") ->
         return not (get_target(target).backend != "cpu" and weight in graph.constants
                     and graph.tensors[weight].nbytes >= GPU_LIBRARY_GEMV_BYTES)
     if isinstance(op, Conv):
-        if op.channels_last:   # frontend/layout.py chose the library for it
-            return False
         if get_target(target).backend == "cpu":
             return False
         x, w = graph.tensors[node.inputs[0]].shape, graph.tensors[node.inputs[1]].shape
-        return op.group > 1 and op.group == x[1] and w[0] == op.group  # one input channel per group
+        # channels-last (frontend/layout.py): x [N, *I, C], w [Cout, *K, 1]; the depthwise ones
+        # run as conv.depthwise.cols with lanes along C, the rest are the library's
+        c, per_group = (x[-1], w[-1]) if op.channels_last else (x[1], w[1])
+        return op.group > 1 and op.group == c and w[0] == op.group and per_group == 1  # one input channel per group
     return False
 
 

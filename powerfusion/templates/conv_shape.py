@@ -38,6 +38,8 @@ def conv_shape(ctx: Ctx, template: str) -> ConvShape:
     ys = ctx.tensors[ctx.node.outputs[0]].shape
     if len(xs) != 4:
         raise Infeasible(f"the {template} tiles 2-D convolutions")
+    if getattr(op, "channels_last", False):
+        raise Infeasible(f"the {template} tiles NCHW windows; a channels-last conv runs as conv.depthwise.cols")
     if isinstance(op, B.Involution):
         return ConvShape(xs[0], xs[1], xs[1], xs[2], xs[3], ys[2], ys[3], op.kernel[0], op.kernel[1], op.strides[0],
                          op.strides[1], op.dilations[0], op.dilations[1], op.pad_begins[0], op.pad_begins[1])

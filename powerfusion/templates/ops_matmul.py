@@ -249,6 +249,8 @@ def matmul(ctx: Ctx) -> list[Candidate]:
 
 def _conv_product(ctx: Ctx) -> Product:
     op: B.Conv = ctx.node.op
+    if op.channels_last:
+        return _conv_product_nhwc(ctx)
     x, w = ctx.node.inputs[:2]
     xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
     ys = ctx.tensors[ctx.node.outputs[0]].shape
@@ -276,6 +278,43 @@ def _conv_product(ctx: Ctx) -> Product:
     bias = None
     if len(ctx.node.inputs) > 2:
         bias = Source(ctx.node.inputs[2], View((0, 1) + (0,) * ns))
+    return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
+
+
+def _conv_product_nhwc(ctx: Ctx) -> Product:
+    """A channels-last depthwise conv (frontend/layout.py: x [N, *I, C], w [Cout, *K, 1], y
+    [N, *O, Cout]) as a product over [N, *O, Cout, *K]: the channel is the last output dim, so a
+    unit's lanes run along C and read x's window rows contiguously (cols, vectorised over C)."""
+    op: B.Conv = ctx.node.op
+    x, w = ctx.node.inputs[:2]
+    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
+    ys = ctx.tensors[ctx.node.outputs[0]].shape
+    ns = len(xs) - 2
+    C, Cout = xs[-1], ws[0]
+    mult = Cout // C
+    xst, wst = contiguous_strides(xs), contiguous_strides(ws)
+    osz, ksz = tuple(ys[1:-1]), tuple(ws[1:-1])
+    space = (ys[0],) + osz + (Cout,) + ksz
+
+    def x_index(cs) -> Expr:
+        c = cs[1 + ns]
+        e = cs[0] * xst[0] + (c // mult if mult > 1 else c) * xst[-1]
+        for d in range(ns):
+            e = e + (cs[1 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d]) * xst[1 + d]
+        return e
+
+    padded = [d for d in range(ns) if op.pad_begins[d] or op.pad_ends[d]]
+
+    def x_valid(cs):
+        acc = None
+        for d in padded:
+            acc = and_(acc, in_range(cs[1 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d],
+                                     0, xs[1 + d]))
+        return acc
+    vw = View((0,) * (1 + ns) + (wst[0],) + tuple(wst[1:1 + ns]))
+    bias = None
+    if len(ctx.node.inputs) > 2:
+        bias = Source(ctx.node.inputs[2], View((0,) * (1 + ns) + (1,) + (0,) * ns))
     return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
 
 
@@ -322,7 +361,8 @@ def conv(ctx: Ctx) -> list[Candidate]:
     op: B.Conv = ctx.node.op
     x, w = ctx.node.inputs[:2]
     xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
-    if not (op.group == xs[1] and ws[1] == 1 and ws[0] % xs[1] == 0):
+    c, per_group = (xs[-1], ws[-1]) if op.channels_last else (xs[1], ws[1])
+    if not (op.group == c and per_group == 1 and ws[0] % c == 0):
         raise ctx.error("only depthwise convolutions (group = channels) are memory-bound GIR templates; "
                         "others go to a library")
     return _offer(ctx, "conv.depthwise", _conv_product)

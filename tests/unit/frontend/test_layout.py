@@ -62,13 +62,75 @@ def test_channels_last_resblock_matches_and_leaves_no_transpose_between_convs():
     assert sum(isinstance(n.op, Transpose) for n in cl.nodes) <= 2
 
 
-def test_fp32_and_depthwise_convs_stay_nchw():
+def test_fp32_convs_and_a_depthwise_conv_read_in_nchw_stay_nchw():
+    """A depthwise conv goes channels-last only where the model moves its result to NHWC
+    (ConvNeXt, below); in a ResNet-style block its BatchNorm reads it as it is."""
     graph = import_model(_resblock(np.float32))
     assert to_channels_last(graph) == 0
     graph = import_model(_resblock(depthwise=True))
     assert to_channels_last(graph) == 1   # the second, ordinary conv only
     dw = [n for n in graph.nodes if isinstance(n.op, Conv) and not n.op.channels_last]
     assert len(dw) == 1 and dw[0].op.group == 8
+
+
+def _convnext_block(c=16, hw=6):
+    """ConvNeXt's block on NCHW: depthwise 7x7 -> permute to NHWC -> LayerNorm -> Linear -> GELU
+    -> Linear -> layer scale -> permute back -> residual add, twice (two blocks), then a ReLU."""
+    rng = np.random.default_rng(5)
+    inits, nodes, x = [], [], "x"
+    for b in range(2):
+        inits += [nh.from_array((rng.standard_normal((c, 1, 7, 7)) * 0.2).astype(np.float16), f"dw{b}"),
+                  nh.from_array(rng.standard_normal(c).astype(np.float16), f"dwb{b}"),
+                  nh.from_array((rng.random(c) + 0.5).astype(np.float16), f"g{b}"),
+                  nh.from_array(rng.standard_normal(c).astype(np.float16), f"be{b}"),
+                  nh.from_array((rng.standard_normal((c, 4 * c)) / 4).astype(np.float16), f"w1{b}"),
+                  nh.from_array((rng.standard_normal((4 * c, c)) / 8).astype(np.float16), f"w2{b}"),
+                  nh.from_array(rng.standard_normal(c).astype(np.float16), f"b2{b}"),
+                  nh.from_array((rng.standard_normal((c, 1, 1)) * 0.5).astype(np.float16), f"ls{b}")]
+        nodes += [h.make_node("Conv", [x, f"dw{b}", f"dwb{b}"], [f"d{b}"], pads=[3] * 4, group=c),
+                  h.make_node("Transpose", [f"d{b}"], [f"t{b}"], perm=[0, 2, 3, 1]),
+                  h.make_node("LayerNormalization", [f"t{b}", f"g{b}", f"be{b}"], [f"n{b}"], axis=-1, epsilon=1e-6),
+                  h.make_node("MatMul", [f"n{b}", f"w1{b}"], [f"m{b}"]),
+                  h.make_node("Relu", [f"m{b}"], [f"r{b}"]),
+                  h.make_node("MatMul", [f"r{b}", f"w2{b}"], [f"o{b}"]),
+                  h.make_node("Add", [f"o{b}", f"b2{b}"], [f"ob{b}"]),
+                  h.make_node("Transpose", [f"ob{b}"], [f"tb{b}"], perm=[0, 3, 1, 2]),
+                  h.make_node("Mul", [f"tb{b}", f"ls{b}"], [f"s{b}"]),
+                  h.make_node("Add", [f"s{b}", x], [f"y{b}"])]
+        x = f"y{b}"
+    nodes.append(h.make_node("Relu", [x], ["out"]))
+    g = h.make_graph(nodes, "convnext", [h.make_tensor_value_info("x", T.FLOAT16, [1, c, hw, hw])],
+                     [h.make_tensor_value_info("out", T.FLOAT16, [1, c, hw, hw])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_convnext_blocks_run_channels_last_without_layout_changes_inside():
+    """With the depthwise convs channels-last the permutes of ConvNeXt's blocks cancel: a
+    transpose is left only at the model's input and before its last op (an output's producer
+    keeps the output's layout)."""
+    graph = import_model(_convnext_block())
+    x = np.random.default_rng(6).standard_normal((1, 16, 6, 6)).astype(np.float16)
+    want = run_basic_graph(graph, {"x": x})["out"]
+    assert to_channels_last(graph) == 2
+    moves = [n for n in graph.nodes if isinstance(n.op, Transpose) and n.inputs[0] not in graph.constants]
+    assert len(moves) == 2, [n.inputs for n in moves]   # the depthwise weights' reads aside
+    assert _rel(run_basic_graph(graph, {"x": x})["out"], want) < 2e-3
+
+
+def test_channels_last_depthwise_conv_runs_as_a_gir_template():
+    """The CUDA pipeline (no GPU needed: the plan's kernels run on the GIR interpreter) keeps
+    the channels-last depthwise convs in memory-bound subgraphs (conv.depthwise.cols), and the
+    plan computes what the NCHW graph does."""
+    from powerfusion.compiler import compile_model
+    from tests.reliability.plan_interpreter import run_plan
+    model = _convnext_block()
+    x = np.random.default_rng(7).standard_normal((1, 16, 6, 6)).astype(np.float16)
+    want = run_basic_graph(import_model(model), {"x": x})["out"]
+    plan = compile_model(model, "cuda", codegen=False)
+    labels = [t for s in plan.kernel_steps for _, t in s.gir.templates]
+    assert sum(t.startswith("conv.depthwise.cols") for t in labels) == 2, labels
+    assert not any(getattr(s, "op", None) == "conv" for s in plan.library_steps)
+    assert _rel(run_plan(plan, {"x": x})["out"], want) < 2e-3
 
 
 @pytest.mark.parametrize("target", ["cpu-reference", "cpu"])
