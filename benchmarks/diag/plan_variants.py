@@ -34,66 +34,59 @@ def _short(label: str) -> str:
     return f"{m.group(1).split('.')[-1]}/{kv.get('vec', '')}{extra}"
 
 
+def _plan_rows(case: str, sub, graph, t, limit: int, default: bool) -> list[dict]:
+    """Every enumerated plan of `sub` (and, with `default`, the lowering's default first),
+    rewritten; the ones the rewrite or the renderer's checks reject are left out."""
+    from powerfusion.pipeline.search import feasibility
+    from powerfusion.rewrite import optimise
+    from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
+    ctx = lowering_context(sub, graph, t)
+    rows = []
+    for plan in ([None] if default else []) + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
+        try:
+            g, _ = optimise(lower_subgraph(sub, graph, plan, t, ctx=ctx))
+        except Exception as e:
+            print(f"{case}: rejected ({type(e).__name__})", flush=True)
+            continue
+        if feasibility(g, t):
+            continue
+        labels = "default" if plan is None else " ".join(_short(c.label) for c in plan.values())
+        rows.append({"case": case, "labels": labels, "graph": g})
+    print(f"{case}: {len(rows)} plans", flush=True)
+    return rows
+
+
 def prepare(keys: list[str], out: str, limit: int = 40) -> None:
     import gir_cases
     from precompile import case_key
     from powerfusion.pipeline.driver import front
-    from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
-    from powerfusion.pipeline.search import feasibility
     from powerfusion.targets.specs import get_target
-    from powerfusion.rewrite import optimise
     t = get_target("cuda")
     rows = []
     for case in gir_cases.norm_cases() + gir_cases.subgraph_cases():
         if case_key(case) not in keys:
             continue
         part = front(case.model, "cuda")     # the session's import: its basic-graph folds included
-        graph = part.graph
         sub = max(part.subgraphs, key=lambda s: len(s.nodes))
-        ctx = lowering_context(sub, graph, t)
-        for plan in enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
-            try:
-                g, _ = optimise(lower_subgraph(sub, graph, plan, t, ctx=ctx))
-            except Exception as e:
-                print(f"{case_key(case)}: rejected ({type(e).__name__})", flush=True)
-                continue
-            if feasibility(g, t):
-                continue
-            rows.append({"case": case_key(case), "labels": " ".join(_short(c.label) for c in plan.values()),
-                         "graph": g})
-        print(f"{case_key(case)}: {sum(r['case'] == case_key(case) for r in rows)} plans", flush=True)
+        rows += _plan_rows(case_key(case), sub, part.graph, t, limit, default=False)
     Path(out).write_bytes(pickle.dumps(rows))
 
 
 def prepare_model(model: str, names: list[str], out: str, limit: int = 64) -> None:
     from powerfusion.pipeline.driver import front
-    from powerfusion.pipeline.search import choose_plan, feasibility
-    from powerfusion.rewrite import optimise
+    from powerfusion.pipeline.search import choose_plan
     from powerfusion.targets.specs import get_target
-    from powerfusion.templates.merge import enumerate_plans, lower_subgraph, lowering_context
     t = get_target("cuda")
     part = front(model, "cuda")
-    graph = part.graph
     rows = []
     for sub in part.subgraphs:
         if sub.name not in names:
             continue
         case = f"{Path(model).stem}:{sub.name}"
-        choice = choose_plan(sub, graph, t, cache=False)
+        choice = choose_plan(sub, part.graph, t, cache=False)
         rows.append({"case": case, "labels": "searched " + " ".join(_short(x) for x in choice.labels),
                      "graph": choice.graph})
-        ctx = lowering_context(sub, graph, t)
-        for plan in [None] + enumerate_plans(sub, graph, t, limit=limit, ctx=ctx):
-            try:
-                g, _ = optimise(lower_subgraph(sub, graph, plan, t, ctx=ctx))
-            except Exception as e:
-                print(f"{case}: rejected ({type(e).__name__})", flush=True)
-                continue
-            if feasibility(g, t):
-                continue
-            labels = "default" if plan is None else " ".join(_short(c.label) for c in plan.values())
-            rows.append({"case": case, "labels": labels, "graph": g})
-        print(f"{case}: {sum(r['case'] == case for r in rows)} plans", flush=True)
+        rows += _plan_rows(case, sub, part.graph, t, limit, default=True)
     Path(out).write_bytes(pickle.dumps(rows))
 
 

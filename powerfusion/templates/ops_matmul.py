@@ -248,22 +248,29 @@ def matmul(ctx: Ctx) -> list[Candidate]:
 # ---- depthwise Conv ---------------------------------------------------------------------
 
 def _conv_product(ctx: Ctx) -> Product:
+    """A depthwise conv as a product over [N, Cout, *O, *K], or, channels-last
+    (frontend/layout.py: x [N, *I, C], w [Cout, *K, 1], y [N, *O, Cout]), over [N, *O, Cout, *K]:
+    the channel is then the last output dim, so a unit's lanes run along C and read x's window
+    rows contiguously (cols, vectorised over C)."""
     op: B.Conv = ctx.node.op
-    if op.channels_last:
-        return _conv_product_nhwc(ctx)
     x, w = ctx.node.inputs[:2]
     xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
     ys = ctx.tensors[ctx.node.outputs[0]].shape
-    C, Cout, ns = xs[1], ws[0], len(xs) - 2
+    ns, cl = len(xs) - 2, op.channels_last
+    C, Cout = (xs[-1] if cl else xs[1]), ws[0]
     mult = Cout // C
     xst, wst = contiguous_strides(xs), contiguous_strides(ws)
-    osz, ksz = tuple(ys[2:]), tuple(ws[2:])
-    space = (ys[0], Cout) + osz + ksz
+    sp = 1 if cl else 2                           # x's, y's and w's first spatial / kernel axis
+    c_dim, o_dim, k_dim = (1 + ns, 1, 2 + ns) if cl else (1, 2, 2 + ns)   # in the product space
+    x_c = xst[-1] if cl else xst[1]
+    osz, ksz = tuple(ys[sp:sp + ns]), tuple(ws[sp:sp + ns])
+    space = (ys[0],) + ((*osz, Cout) if cl else (Cout, *osz)) + ksz
 
     def x_index(cs) -> Expr:
-        e = cs[0] * xst[0] + (cs[1] // mult if mult > 1 else cs[1]) * xst[1]
+        c = cs[c_dim]
+        e = cs[0] * xst[0] + (c // mult if mult > 1 else c) * x_c
         for d in range(ns):
-            e = e + (cs[2 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d]) * xst[2 + d]
+            e = e + (cs[o_dim + d] * op.strides[d] + cs[k_dim + d] * op.dilations[d] - op.pad_begins[d]) * xst[sp + d]
         return e
 
     padded = [d for d in range(ns) if op.pad_begins[d] or op.pad_ends[d]]
@@ -271,51 +278,18 @@ def _conv_product(ctx: Ctx) -> Product:
     def x_valid(cs):
         acc = None
         for d in padded:
-            acc = and_(acc, in_range(cs[2 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d],
-                                     0, xs[2 + d]))
+            acc = and_(acc, in_range(cs[o_dim + d] * op.strides[d] + cs[k_dim + d] * op.dilations[d] - op.pad_begins[d],
+                                     0, xs[sp + d]))
         return acc
-    vw = View((0, wst[0]) + (0,) * ns + tuple(wst[2:]))
-    bias = None
-    if len(ctx.node.inputs) > 2:
-        bias = Source(ctx.node.inputs[2], View((0, 1) + (0,) * ns))
-    return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
 
-
-def _conv_product_nhwc(ctx: Ctx) -> Product:
-    """A channels-last depthwise conv (frontend/layout.py: x [N, *I, C], w [Cout, *K, 1], y
-    [N, *O, Cout]) as a product over [N, *O, Cout, *K]: the channel is the last output dim, so a
-    unit's lanes run along C and read x's window rows contiguously (cols, vectorised over C)."""
-    op: B.Conv = ctx.node.op
-    x, w = ctx.node.inputs[:2]
-    xs, ws = ctx.tensors[x].shape, ctx.tensors[w].shape
-    ys = ctx.tensors[ctx.node.outputs[0]].shape
-    ns = len(xs) - 2
-    C, Cout = xs[-1], ws[0]
-    mult = Cout // C
-    xst, wst = contiguous_strides(xs), contiguous_strides(ws)
-    osz, ksz = tuple(ys[1:-1]), tuple(ws[1:-1])
-    space = (ys[0],) + osz + (Cout,) + ksz
-
-    def x_index(cs) -> Expr:
-        c = cs[1 + ns]
-        e = cs[0] * xst[0] + (c // mult if mult > 1 else c) * xst[-1]
-        for d in range(ns):
-            e = e + (cs[1 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d]) * xst[1 + d]
-        return e
-
-    padded = [d for d in range(ns) if op.pad_begins[d] or op.pad_ends[d]]
-
-    def x_valid(cs):
-        acc = None
-        for d in padded:
-            acc = and_(acc, in_range(cs[1 + d] * op.strides[d] + cs[2 + ns + d] * op.dilations[d] - op.pad_begins[d],
-                                     0, xs[1 + d]))
-        return acc
-    vw = View((0,) * (1 + ns) + (wst[0],) + tuple(wst[1:1 + ns]))
-    bias = None
-    if len(ctx.node.inputs) > 2:
-        bias = Source(ctx.node.inputs[2], View((0,) * (1 + ns) + (1,) + (0,) * ns))
-    return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, vw), bias)
+    def along_c(c_stride: int, k_strides=(0,) * ns) -> View:
+        lin = [0] * len(space)
+        lin[c_dim] = c_stride
+        lin[k_dim:] = k_strides
+        return View(tuple(lin))
+    bias = Source(ctx.node.inputs[2], along_c(1)) if len(ctx.node.inputs) > 2 else None
+    return Product(space, 2 + ns, Source(x, index=x_index, valid=x_valid), Source(w, along_c(wst[0], wst[sp:sp + ns])),
+                   bias)
 
 
 def _involution_product(ctx: Ctx) -> Product:
