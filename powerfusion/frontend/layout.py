@@ -13,9 +13,9 @@ way or broadcast constants, broadcasts, pooling windows, reductions, other trans
 meeting its inverse vanishes. An operand the graph already transposes the inverse way ahead of
 the consumer (the residual stream of ConvNeXt, read NHWC by its depthwise conv) is taken in
 that layout, so the transpose sinks through the residual add too. Between two convolutions of
-a ResNet block, the BatchNorm, ReLU and residual Add then run on NHWC data and no layout change is left; where one remains (before
-pooling windows, reshapes, the classifier), it is a move the memory-bound kernel around it
-fuses. The graph computes the same values: only the order of elements in memory changes.
+a ResNet block, the BatchNorm, ReLU and residual Add then run on NHWC data and no layout change
+is left; where one remains (before pooling windows, reshapes, the classifier), it is a move the
+memory-bound kernel around it fuses. The graph computes the same values: only the order of elements in memory changes.
 """
 from __future__ import annotations
 
@@ -52,12 +52,19 @@ def wants_channels_last(graph: BasicGraph, node: BasicNode, consumers: dict | No
     x, w = graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
     if np.dtype(x.dtype).name not in LOW_PRECISION or node.inputs[1] not in graph.constants:
         return False
-    if op.group > 1 and op.group == x.shape[1] and w.shape[1] == 1:   # depthwise
+    if _depthwise(graph, node):
         readers = (consumers if consumers is not None else graph.consumers()).get(node.outputs[0], [])
         return bool(readers) and all(isinstance(r.op, Transpose) and tuple(r.op.perm) == TO_NHWC for r in readers)
     patches = tuple(w.shape[2:]) == tuple(op.strides) != (1, 1) and not any(op.pad_begins) and not any(op.pad_ends) \
         and all(d == 1 for d in op.dilations) and x.shape[1] <= 4
     return not patches
+
+
+def _depthwise(graph: BasicGraph, node: BasicNode) -> bool:
+    """One input channel per group and one output channel per group (what the GIR templates
+    take: partition.has_gir_template); with a channel multiplier a conv stays the library's."""
+    op, x, w = node.op, graph.tensors[node.inputs[0]], graph.tensors[node.inputs[1]]
+    return op.group > 1 and op.group == x.shape[1] and w.shape[1] == 1 and w.shape[0] == op.group
 
 
 def to_channels_last(graph: BasicGraph) -> int:
@@ -131,7 +138,7 @@ class _Rewriter:
         x, w = node.inputs[0], node.inputs[1]
         to_nhwc = self._transposed(x, TO_NHWC, None, node.origin)
         pre = []
-        if op.group > 1 and g.tensors[w].shape[1] == 1:
+        if _depthwise(g, node):
             # depthwise: the weight stored [1, *K, C] (the channel, along which the template's
             # lanes run, innermost), read as KRSC [C, *K, 1] through a Transpose the lowering
             # folds into the conv's weight loads: a warp's tap then reads 32 adjacent weights
