@@ -132,6 +132,7 @@ class InferenceSession:
             if detail:
                 detail("search and codegen: " + ", ".join(f"{k} {v:.2f} s" for k, v in plan.timings.items()))
             self._executor: Executor = make_executor(plan, self.options)
+            _warn_library_fallbacks(getattr(self._executor, "fallbacks", {}), len(plan.library_steps))
         else:
             _note_fp32_matmul_ignored(self.options)
             # every subgraph's default plan, rewritten, for the CPU session's spec; a subgraph the
@@ -514,6 +515,32 @@ def _note_fp32_matmul_ignored(opts) -> None:
         import warnings
         warnings.warn(f"fp32_matmul={opts.fp32_matmul!r} applies to the CUDA target only; the CPU target "
                       "computes fp32 MatMul / Gemm / Conv exactly and ignores it", Fp32MatmulIgnoredNote, stacklevel=3)
+
+
+class LibraryFallbackWarning(UserWarning):
+    """Library calls of a GPU session run off their fast route (cuDNN missing or declining, an
+    attention on the uncaptured cuBLAS + CuPy stand-in, ...); `session.fallbacks` has each."""
+
+
+def fallback_summary(fallbacks: Mapping[str, str], total: int, most: int = 3) -> str:
+    """One line for the library calls that fell back: how many, and the commonest reasons with
+    their counts (identical reasons collapse: twelve layers' attention give one entry)."""
+    counts: dict[str, int] = {}
+    for why in fallbacks.values():
+        counts[why] = counts.get(why, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{n} x {why}" for why, n in ranked[:most]]
+    more = f"; {len(ranked) - most} more reasons" if len(ranked) > most else ""
+    return (f"{len(fallbacks)} of {total} library calls run off their fast route (session.fallbacks names "
+            f"each): " + "; ".join(parts) + more)
+
+
+def _warn_library_fallbacks(fallbacks: Mapping[str, str], total: int) -> None:
+    """Said at build: a fallback can cost several times the call (BERT-base fp16 batch 8 with its
+    attention on the stand-in: 7.5 ms against 0.74 ms, benchmarks/results/HISTORY.md)."""
+    if fallbacks:
+        import warnings
+        warnings.warn(fallback_summary(fallbacks, max(total, len(fallbacks))), LibraryFallbackWarning, stacklevel=3)
 
 
 # ---- the CPU executor -------------------------------------------------------------

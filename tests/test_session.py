@@ -352,3 +352,31 @@ def _backend_test_cases() -> dict:
 
 
 globals().update(_backend_test_cases())
+
+
+def test_fallback_summary_collapses_repeated_reasons():
+    from powerfusion.session import fallback_summary
+    why = {f"attn{i}": "Attention through cuBLAS + CuPy (not captured): bias of shape (8, 1, 128, 128)"
+           for i in range(12)}
+    why.update({"conv0": "Conv through im2col + cuBLAS: a", "conv1": "Conv through im2col + cuBLAS: b",
+                "conv2": "Conv through im2col + cuBLAS: c"})
+    line = fallback_summary(why, 40)
+    assert line.startswith("15 of 40 library calls run off their fast route")
+    assert "12 x Attention through cuBLAS + CuPy (not captured): bias of shape (8, 1, 128, 128)" in line
+    assert line.count(" x ") == 3 and line.endswith("1 more reasons")
+
+
+@pytest.mark.gpu
+def test_a_cuda_session_warns_when_library_calls_fall_back(monkeypatch):
+    """cuDNN switched off: the conv runs on im2col + cuBLAS, and the build says so once."""
+    from powerfusion.backends.cuda import cudnn_conv
+    from powerfusion.session import LibraryFallbackWarning
+    monkeypatch.setattr(cudnn_conv, "load", lambda: (None, "switched off by the test"))
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.warns(LibraryFallbackWarning, match="1 of 1 library calls run off their fast route"):
+        sess = InferenceSession(model.SerializeToString(), target="cuda")
+    assert list(sess.fallbacks.values()) == ["Conv through im2col + cuBLAS: switched off by the test"]
