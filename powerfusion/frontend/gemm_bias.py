@@ -61,7 +61,8 @@ def _bias_add(graph: BasicGraph, mm: BasicNode):
     y = mm.outputs[0]
     info = graph.tensors[y]
     outputs = {t.name for t in graph.outputs}
-    users = graph.consumers().get(y, [])
+    consumers = graph.consumers()
+    users = consumers.get(y, [])
     if np.dtype(info.dtype).name not in DTYPES or y in outputs or len(users) != 1 or not info.shape:
         return None
     add = users[0]
@@ -74,7 +75,7 @@ def _bias_add(graph: BasicGraph, mm: BasicNode):
     if found is None or found[1].dtype != np.dtype(info.dtype):
         return None
     z = add.outputs[0]
-    if not (_only_moves_read(graph, z) or _read_transposed(graph, z)):
+    if not (_only_moves_read(consumers, z) or _read_transposed(graph, consumers, outputs, z)):
         return None
     return (add, *found)
 
@@ -94,9 +95,8 @@ def constant_vector(graph: BasicGraph, t: str, n: int) -> tuple[str, np.ndarray]
     return t, c.reshape(n)
 
 
-def _only_moves_read(graph: BasicGraph, t: str) -> bool:
+def _only_moves_read(consumers: dict, t: str) -> bool:
     """Whether every path from `t` runs through moves alone into library calls or graph outputs."""
-    consumers = graph.consumers()
     todo, seen = [t], set()
     while todo:
         x = todo.pop()
@@ -111,11 +111,11 @@ def _only_moves_read(graph: BasicGraph, t: str) -> bool:
     return True
 
 
-def _read_transposed(graph: BasicGraph, t: str) -> bool:
+def _read_transposed(graph: BasicGraph, consumers: dict, outputs: set, t: str) -> bool:
     """Whether `t` is read, and only by Transposes that move its last axis."""
-    users = graph.consumers().get(t, [])
+    users = consumers.get(t, [])
     rank = len(graph.tensors[t].shape)
-    return bool(users) and t not in {o.name for o in graph.outputs} and all(
+    return bool(users) and t not in outputs and all(
         isinstance(n.op, Transpose) and tuple(n.op.perm)[-1] != rank - 1 for n in users)
 
 

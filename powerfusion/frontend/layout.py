@@ -163,6 +163,13 @@ class _Rewriter:
         producer = self.g.producer()
         consumers = self.g.consumers()
         outputs = {t.name for t in self.g.outputs}
+        # the graph's transposes as they stand (for _before_transposed; an absorbed Transpose
+        # user keeps its output's name, so the entries stay true while this sink completes)
+        self._order = {id(n): i for i, n in enumerate(self.g.nodes)}
+        self._transposes: dict[tuple, tuple[int, str]] = {}
+        for i, n in enumerate(self.g.nodes):
+            if isinstance(n.op, Transpose):
+                self._transposes.setdefault((n.inputs[0], tuple(n.op.perm)), (i, n.outputs[0]))
         for node in self.g.nodes:
             if not isinstance(node.op, Transpose) or node.outputs[0] in outputs:
                 continue
@@ -186,13 +193,8 @@ class _Rewriter:
         """`t` in the layout before `perm` where the graph already computes it ahead of `before`:
         the output of a Transpose of `t` by the inverse of `perm` (ConvNeXt: the residual stream
         that a channels-last depthwise conv already reads transposed to NHWC)."""
-        inv = _inverse(perm)
-        for n in self.g.nodes:
-            if n is before:
-                return None
-            if isinstance(n.op, Transpose) and n.inputs[0] == t and tuple(n.op.perm) == inv:
-                return n.outputs[0]
-        return None
+        hit = self._transposes.get((t, _inverse(perm)))
+        return hit[1] if hit is not None and hit[0] < self._order[id(before)] else None
 
     def _broadcast_constant(self, t: str, producer) -> bool:
         p = producer.get(t)
